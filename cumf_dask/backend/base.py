@@ -1,0 +1,115 @@
+"""The backend interface: the only place the engine gets its math from.
+
+The engine never imports numpy or cupy for math; it calls these methods. A backend owns
+its array module (``xp``): NumPy on the CPU, CuPy on the GPU.
+
+Shapes, for a block of ``r`` rows and a fixed factor of ``c`` rows and ``f`` columns:
+
+* ``hermitian(block, fixed) -> (A, B)``: ``A[u] = sum_v fixed[v] fixed[v]^T`` over the
+  ratings of row u in the block, ``(r, f, f)`` float32, valid in its **lower triangle**
+  (diagonal included; the upper triangle is unspecified); ``B[u] = sum_v r_uv fixed[v]``,
+  ``(r, f)``. Partial results over column parts add up elementwise.
+* ``solve(A, B, counts, lam) -> X``: ``X[u] = (A[u] + lam * counts[u] * I)^-1 B[u]``, the
+  weighted-lambda regularization added once, after any reduction. Rows with
+  ``counts[u] == 0`` get a zero factor (never NaN).
+* ``pack``/``unpack``: the lower triangle as ``(r, f(f+1)/2)``: what moves between workers.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..data.store import Block
+
+
+class Backend(ABC):
+    """Math for one device kind; subclasses override the hot paths."""
+
+    name: str = "abstract"
+    xp: Any = np
+
+    # ------------------------------------------------------------------ movement
+    def asarray(self, x: Any, dtype: Any = None) -> Any:
+        """Host (or device) array -> this backend's array."""
+        return self.xp.asarray(x, dtype=dtype)
+
+    def to_host(self, x: Any) -> np.ndarray:
+        """This backend's array -> NumPy."""
+        return np.asarray(x)
+
+    def block_to_device(self, block: Block) -> Block:
+        return replace(
+            block,
+            indptr=self.asarray(block.indptr),
+            indices=self.asarray(block.indices),
+            values=self.asarray(block.values),
+        )
+
+    # ------------------------------------------------------------------ ALS kernels
+    @abstractmethod
+    def hermitian(self, block: Block, fixed: Any) -> tuple[Any, Any]:
+        """Partial (A, B) of the block's rows from the fixed factor's rows (see module doc)."""
+
+    @abstractmethod
+    def solve(self, A: Any, B: Any, counts: Any, lam: float) -> Any:
+        """X from the reduced (A, B), adding lam * counts * I; zero rows where counts == 0."""
+
+    def update(self, block: Block, fixed: Any, counts: Any, lam: float) -> Any:
+        """hermitian then solve for a block that holds all of its rows' ratings (p == 1)."""
+        A, B = self.hermitian(block, fixed)
+        return self.solve(A, B, counts, lam)
+
+    # ------------------------------------------------------------------ packing
+    def pack(self, A: Any) -> Any:
+        """Lower triangle of each f x f matrix, row-major: (r, f(f+1)/2)."""
+        f = A.shape[-1]
+        rows, cols = np.tril_indices(f)
+        return A[:, self.asarray(rows), self.asarray(cols)]
+
+    def unpack(self, P: Any, f: int) -> Any:
+        """Inverse of pack: a full symmetric (r, f, f)."""
+        xp = self.xp
+        rows, cols = np.tril_indices(f)
+        A = xp.empty((P.shape[0], f, f), dtype=P.dtype)
+        A[:, self.asarray(rows), self.asarray(cols)] = P
+        A[:, self.asarray(cols), self.asarray(rows)] = P
+        return A
+
+    # ------------------------------------------------------------------ using a model
+    def predict(self, X: Any, Theta: Any, rows: Any, cols: Any) -> Any:
+        """x_u . theta_v for each pair (rows[k], cols[k])."""
+        out = self.xp.empty(rows.shape[0], dtype=self.xp.float32)
+        step = 1 << 20
+        for lo in range(0, rows.shape[0], step):
+            hi = lo + step
+            out[lo:hi] = (X[rows[lo:hi]] * Theta[cols[lo:hi]]).sum(axis=1)
+        return out
+
+    def squared_error(self, X: Any, Theta: Any, rows: Any, cols: Any, vals: Any) -> float:
+        """Sum of (r_uv - x_u . theta_v)^2, as a Python float (float64 accumulation)."""
+        if rows.shape[0] == 0:
+            return 0.0
+        diff = self.predict(X, Theta, rows, cols).astype(self.xp.float64) - vals
+        return float((diff * diff).sum())
+
+    def topk(self, X: Any, Theta: Any, k: int, seen: Block | None = None) -> tuple[Any, Any]:
+        """Top-k columns by score X @ Theta^T for each row of X, skipping `seen` ratings.
+
+        Returns (indices, scores), each (rows, k), best first. `seen` is a block over the
+        same rows and all columns (its col0 must be 0).
+        """
+        xp = self.xp
+        k = min(k, Theta.shape[0])
+        scores = X @ Theta.T
+        if seen is not None and seen.nnz:
+            counts = xp.diff(seen.indptr)
+            row_of = xp.repeat(xp.arange(seen.n_rows), counts)
+            scores[row_of, seen.indices] = -xp.inf
+        part = xp.argpartition(-scores, k - 1, axis=1)[:, :k]
+        top = xp.take_along_axis(scores, part, axis=1)
+        order = xp.argsort(-top, axis=1)
+        return xp.take_along_axis(part, order, axis=1), xp.take_along_axis(top, order, axis=1)

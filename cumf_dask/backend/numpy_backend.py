@@ -1,0 +1,90 @@
+"""NumPy backend: MO-ALS on the CPU with batched BLAS, no Python loop per row.
+
+Hermitian: rows are grouped by degree into buckets of one padded length L (geometric steps
+of 1.25, so padding wastes at most a quarter); each bucket gathers its fixed-factor rows
+into a ``(rows, L, f)`` array and one batched ``matmul`` gives every ``G_u^T G_u`` and
+``G_u^T r_u``. Padding uses an appended zero row of the fixed factor, so it adds nothing.
+
+Solve: one batched LAPACK call (``numpy.linalg.solve``) over all rows.
+
+BLAS threads: inside Dask workers the engine pins BLAS to one thread (threadpoolctl); many
+small products are much slower with threads on small CPUs (DESIGN pitfalls).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..data.store import Block
+from .base import Backend
+
+_BUCKET_BYTES = 64 << 20  # gathered (rows, L, f) float32 per batched product
+
+
+def degree_buckets(degrees: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """[(L, rows)]: non-empty rows grouped by padded length L (exact up to 8, then x1.25)."""
+    nonempty = np.flatnonzero(degrees > 0)
+    if nonempty.size == 0:
+        return []
+    d = degrees[nonempty].astype(np.float64)
+    level = np.where(d <= 8, d, 8 + np.ceil(np.log(d / 8) / np.log(1.25)))
+    padded = np.where(d <= 8, d, np.ceil(8 * 1.25 ** (level - 8)))
+    padded = np.maximum(padded, d).astype(np.int64)
+    order = np.argsort(padded, kind="stable")
+    padded, rows = padded[order], nonempty[order]
+    cuts = np.flatnonzero(np.diff(padded)) + 1
+    return [
+        (int(padded[lo]), rows[lo:hi])
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, rows.size], strict=True)
+    ]
+
+
+class NumpyBackend(Backend):
+    """CPU backend."""
+
+    name = "numpy"
+    xp = np
+
+    def hermitian(self, block: Block, fixed: Any) -> tuple[np.ndarray, np.ndarray]:
+        f = fixed.shape[1]
+        A = np.zeros((block.n_rows, f, f), np.float32)
+        B = np.zeros((block.n_rows, f), np.float32)
+        if block.nnz == 0:
+            return A, B
+        padded_fixed = np.vstack([np.asarray(fixed, np.float32), np.zeros((1, f), np.float32)])
+        zero_row = padded_fixed.shape[0] - 1
+        indptr = np.asarray(block.indptr)
+        indices = np.append(np.asarray(block.indices), zero_row)
+        values = np.append(np.asarray(block.values, np.float32), np.float32(0))
+        pad_entry = indices.size - 1
+        degrees = np.diff(indptr)
+        for length, rows in degree_buckets(degrees):
+            step = max(1, _BUCKET_BYTES // (length * f * 4))
+            offsets = np.arange(length)
+            for lo in range(0, rows.size, step):
+                chunk = rows[lo : lo + step]
+                entry = indptr[chunk, None] + offsets[None, :]
+                entry = np.where(offsets[None, :] < degrees[chunk, None], entry, pad_entry)
+                G = padded_fixed[indices[entry]]  # (rows, L, f)
+                Gt = G.transpose(0, 2, 1)
+                A[chunk] = np.matmul(Gt, G)
+                B[chunk] = np.matmul(Gt, values[entry][:, :, None])[:, :, 0]
+        return A, B
+
+    def solve(self, A: Any, B: Any, counts: Any, lam: float) -> np.ndarray:
+        A = np.asarray(A, np.float32)
+        counts = np.asarray(counts)
+        f = A.shape[-1]
+        X = np.zeros(B.shape, np.float32)
+        rows = np.flatnonzero(counts > 0)
+        if rows.size == 0:
+            return X
+        # The lower triangle is the valid one: mirror it before the general solver.
+        lower = np.tril(A[rows])
+        full = lower + np.tril(lower, -1).transpose(0, 2, 1)
+        diag = np.arange(f)
+        full[:, diag, diag] += (lam * counts[rows]).astype(np.float32)[:, None]
+        X[rows] = np.linalg.solve(full, np.asarray(B, np.float32)[rows][:, :, None])[:, :, 0]
+        return X

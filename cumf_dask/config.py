@@ -1,0 +1,321 @@
+"""YAML run configs loaded into typed, validated dataclasses.
+
+Every error names the file, the dotted key and what is allowed, e.g.::
+
+    configs/x.yaml: unknown key 'model.factor' (did you mean 'factors'?); allowed: factors, ...
+
+One namespace, one schema: the dataclasses below *are* the schema; ``configs/reference.yaml``
+documents every key with a comment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+from .errors import ConfigError
+
+DuplicatePolicy = Literal["error", "last", "mean"]
+Reduction = Literal["scatter", "two-phase", "one"]
+BackendName = Literal["auto", "numpy", "cupy"]
+
+
+@dataclass
+class GenerateConfig:
+    """Synthetic planted-model data (``cumf-dask generate``)."""
+
+    preset: str | None = None  # netflix, yahoomusic, hugewiki, sparkals, factorbird, facebook
+    scale: float = 1.0  # multiplies m, n and nnz of the preset
+    m: int | None = None  # rows (users); overrides the preset
+    n: int | None = None  # columns (items)
+    nnz: int | None = None  # ratings, train and test together
+    rank: int = 10  # rank of the planted X* Theta*^T
+    noise: float = 0.1  # sigma of the Gaussian noise: the best achievable test RMSE
+    skew: float = 0.8  # Zipf exponent of row and column degrees (0 = uniform)
+    rating_min: float | None = None  # clip ratings to [rating_min, rating_max]
+    rating_max: float | None = None
+    round: bool = False  # round ratings to integers (after clipping)
+    nonempty: bool = True  # every row and every column gets at least one rating
+    seed: int = 0
+
+
+@dataclass
+class IngestConfig:
+    """Reading ratings from files (``cumf-dask ingest``)."""
+
+    path: str = ""  # input file (local path or fsspec URL)
+    format: str = "csv"  # csv, tsv, delimited, movielens-100k, movielens-1m, movielens-csv, netflix, parquet
+    delimiter: str | None = None  # for 'delimited' (and to override csv/tsv)
+    header: bool | None = None  # None: guess from the first line
+    columns: list[str | int] | None = None  # user, item, rating columns (names or 0-based positions)
+    duplicates: DuplicatePolicy = "error"  # what to do with repeated (user, item) pairs
+    m: int | None = None  # declared shape: ids must be integers in [0, m) / [0, n)
+    n: int | None = None
+
+
+@dataclass
+class DataConfig:
+    """Where the ratings come from and how the store is laid out."""
+
+    store: str = "data/ratings.zarr"  # the RatingsStore path or URL (read, or written first)
+    source: Literal["store", "generate", "ingest"] = "store"
+    overwrite: bool = False  # rebuild the store even if a complete one exists
+    test_fraction: float = 0.1  # held-out share (deterministic by seed), 0 for none
+    split_seed: int = 0
+    tile_rows: int | None = None  # rows per tile (None: chosen from the shape)
+    tile_cols: int | None = None
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+
+
+@dataclass
+class ModelConfig:
+    """The ALS model: weighted-lambda regularized, as in the cuMF paper."""
+
+    factors: int = 10  # f, the latent dimension
+    regularization: float = 0.05  # lambda (multiplied by each row's rating count)
+    iterations: int = 10  # full iterations (update X, then Theta)
+    seed: int = 0  # initial factors
+
+
+@dataclass
+class HalfStepPlan:
+    """Forced partition of one half-step; None lets the planner choose."""
+
+    p: int | None = None  # partitions of the fixed factor (data parallelism)
+    q: int | None = None  # batches of the solved factor (model parallelism)
+
+
+@dataclass
+class PlanConfig:
+    """How SU-ALS partitions the work; every field optional."""
+
+    p: int | None = None  # both half-steps, unless x/theta say otherwise
+    q: int | None = None
+    x: HalfStepPlan = field(default_factory=HalfStepPlan)  # update-X overrides
+    theta: HalfStepPlan = field(default_factory=HalfStepPlan)  # update-Theta overrides
+    memory_budget: str | None = None  # per worker: "12GB", "0.8" (fraction), None: from workers
+    resident: bool | None = None  # keep R blocks on workers (None: if they fit)
+    reduction: Reduction = "scatter"  # p > 1: reduce-scatter, two-phase, or one (baseline)
+    groups: list[list[int]] | None = None  # worker groups for the two-phase reduction
+    headroom: str = "10%"  # per-worker memory kept free (epsilon in the paper)
+
+
+@dataclass
+class ClusterConfig:
+    """Which Dask cluster runs the job."""
+
+    backend: BackendName = "auto"  # auto: cupy when a GPU is visible, else numpy
+    address: str | None = None  # join an existing scheduler (tcp://host:8786)
+    n_workers: int | None = None  # local cluster size (None: one per GPU, or per core)
+    threads_per_worker: int = 1
+    memory_limit: str | None = None  # per local CPU worker, e.g. "4GB"
+    devices: list[int] | None = None  # GPUs to use (CUDA_VISIBLE_DEVICES), None: all
+    rmm_pool_size: str | None = None  # e.g. "20GB": RMM pool per GPU worker (needs rmm)
+    dashboard_address: str | None = ":0"  # None: no dashboard
+
+
+@dataclass
+class OutputConfig:
+    """Where a training run writes its record."""
+
+    dir: str = "runs"  # a run folder <dir>/<name>-<timestamp> is made inside
+    name: str = "run"
+    checkpoint: bool = True  # write X and Theta after each iteration (atomic)
+
+
+@dataclass
+class Config:
+    """A whole run: data -> plan -> fit -> evaluate -> save."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    data: dict[str, Any] | None = None,
+) -> Config:
+    """Load a YAML file (or a dict) into a validated :class:`Config`.
+
+    ``overrides`` are ``dotted.key=value`` strings (``model.factors=64``); values are read
+    as YAML, so ``plan.groups=[[0,1],[2,3]]`` works.
+    """
+    source = str(path) if path is not None else "<config>"
+    raw: Any = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{source}: config file not found (give an existing YAML file)")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    if data is not None:
+        raw = _merge(raw, data)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections")
+    for item in overrides or []:
+        raw = _merge(raw, _parse_override(item, source))
+    return _build(Config, raw, source, "")
+
+
+def _parse_override(item: str, source: str) -> dict[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"{source}: override {item!r} must look like section.key=value")
+    key, _, text = item.partition("=")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    node: dict[str, Any] = {}
+    cursor = node
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        cursor[part] = {}
+        cursor = cursor[part]
+    cursor[parts[-1]] = value
+    return node
+
+
+def _merge(base: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base) if isinstance(base, dict) else {}
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "the top level"
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: '{where}' must be a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(
+                f"{source}: unknown key '{prefix}{key}'{hint}; allowed: {', '.join(names)}"
+            )
+        kwargs[key] = _coerce(hints[key], value, source, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
+    """Check `value` against type `tp`; return it (ints accepted for floats)."""
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, source, key + ".")
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, source, key)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise ConfigError(f"{source}: '{key}' must be {_describe(tp)}, got {value!r}")
+    if origin is Literal:
+        allowed = get_args(tp)
+        if value not in allowed:
+            raise ConfigError(
+                f"{source}: '{key}' must be one of {', '.join(map(repr, allowed))}, got {value!r}"
+            )
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: '{key}' must be {_describe(tp)}, got {value!r}")
+        (item_tp,) = get_args(tp)
+        return [_coerce(item_tp, v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: '{key}' must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{source}: '{key}' must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{source}: '{key}' must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{source}: '{key}' must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"{source}: '{key}' has an unsupported type {tp!r}")  # pragma: no cover
+
+
+def _describe(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in get_args(tp))
+    if origin is list:
+        return f"a list of {_describe(get_args(tp)[0])}"
+    if origin is Literal:
+        return "one of " + ", ".join(map(repr, get_args(tp)))
+    if tp is type(None):
+        return "null"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+def parse_size(text: str | int | float | None, total: int | None = None) -> int | None:
+    """Bytes from ``"12GB"``, ``"512MiB"``, ``"10%"``, a fraction ``0.8`` of `total`, or an int."""
+    if text is None:
+        return None
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+        if 0 < value <= 1 and total is not None:
+            return int(value * total)
+        return int(value)
+    s = str(text).strip().lower().replace(" ", "")
+    if s.endswith("%"):
+        if total is None:
+            raise ConfigError(f"size {text!r} is a percentage but no total is known")
+        return int(float(s[:-1]) / 100 * total)
+    units = {
+        "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+        "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "b": 1,
+    }  # fmt: skip
+    for suffix, mult in units.items():
+        if s.endswith(suffix):
+            try:
+                return int(float(s[: -len(suffix)]) * mult)
+            except ValueError:
+                break
+    try:
+        return parse_size(float(s), total)
+    except ValueError:
+        raise ConfigError(
+            f"size {text!r} not understood; use bytes, '12GB', '512MiB', '10%' or a fraction"
+        ) from None

@@ -1,0 +1,1 @@
+"""Rating data: the Zarr store, its builders, ingestion and the synthetic generator."""

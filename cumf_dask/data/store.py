@@ -1,0 +1,352 @@
+"""RatingsStore: the rating matrix R as tiles in a Zarr v3 group, in both orientations.
+
+Layout (format ``cumf-dask-ratings``, version 1)::
+
+    store.zarr/                attrs: format, version, complete, m, n, nnz, nnz_test, tile_rows,
+                               tile_cols, n_row_tiles, n_col_tiles, stats, source, has_ids
+      row_nnz (m,)  col_nnz (n,)       int64 rating counts per row / column (training set)
+      by_row/band_nnz (n_row_tiles,)   int64
+      by_row/<a>/{major,minor,val,ptr} row band a: the tiles (a, 0..n_col_tiles-1) in order,
+                                       each sorted by (row, col); major = row - a*tile_rows
+                                       (int32), minor = global col, ptr = int64 tile offsets
+      by_col/band_nnz, by_col/<b>/...  the same with rows and columns swapped
+      test/band_nnz, test/<a>/...      held-out ratings, banded like by_row
+      ids/rows, ids/cols               the user's original ids, when they were not 0..m-1
+
+Why bands rather than DESIGN's flat arrays: every Zarr chunk of a band belongs to exactly one
+band, so one task per band writes it (no two tasks ever touch one chunk: the zarr v3 + dask
+data-loss pitfall cannot happen), bands are written in parallel by the generator and by the
+out-of-core builder, and a tile is still one contiguous slice (``ptr``). A block of any plan
+is the union of the tiles it overlaps, filtered to its exact row and column range.
+
+A store is marked ``complete`` only by its last write: an interrupted build never opens.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Literal
+
+import numpy as np
+import zarr
+
+from ..errors import StoreError
+
+FORMAT = "cumf-dask-ratings"
+VERSION = 1
+CHUNK = 1 << 22  # entries per zarr chunk: 16 MB of int32/float32
+Orientation = Literal["row", "col"]
+_GROUPS = {"row": "by_row", "col": "by_col", "test": "test"}
+
+
+@dataclass(frozen=True)
+class Block:
+    """R restricted to rows [row0, row0+n_rows) and columns [col0, col0+n_cols), as CSR.
+
+    In the "col" orientation the roles swap: rows are items and columns are users.
+    ``indices`` are local (column - col0), int32; ``indptr`` is int64. Arrays are NumPy or
+    CuPy, whichever the backend moved them to.
+    """
+
+    indptr: Any
+    indices: Any
+    values: Any
+    row0: int
+    col0: int
+    n_rows: int
+    n_cols: int
+
+    @property
+    def nnz(self) -> int:
+        return int(self.values.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.indptr.nbytes + self.indices.nbytes + self.values.nbytes)
+
+
+def default_tile(length: int, other: int, nnz: int, target: int = 4_000_000) -> int:
+    """Rows per tile so that a band holds about `target` ratings (a power of two >= 256)."""
+    if nnz <= 0 or length <= 0:
+        return max(1, length)
+    per_row = nnz / length
+    rows = max(256, int(target / max(per_row, 1e-9)))
+    return min(1 << math.ceil(math.log2(rows)), max(256, 1 << math.ceil(math.log2(length))))
+
+
+def index_dtype(size: int) -> np.dtype:
+    """int32 for indices below 2^31, else int64."""
+    return np.dtype(np.int32) if size < 2**31 else np.dtype(np.int64)
+
+
+class RatingsStore:
+    """A complete rating store, opened read-only. Cheap to pickle (it keeps only the URL).
+
+    Use :meth:`open` to open one and :class:`~cumf_dask.data.builder.StoreBuilder` (or the
+    ingest and generate functions) to make one.
+    """
+
+    def __init__(self, url: str, attrs: dict[str, Any]):
+        self.url = str(url)
+        self.attrs = attrs
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, url: str | Any) -> RatingsStore:
+        """Open and validate a store; a missing, partial, damaged or foreign one is a StoreError."""
+        url = str(url)
+        try:
+            group = zarr.open_group(url, mode="r")
+        except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+            raise StoreError(
+                f"{url}: no rating store here (create one with `cumf-dask ingest` or "
+                "`cumf-dask generate`)"
+            ) from None
+        except Exception as exc:
+            raise StoreError(f"{url}: not a readable Zarr v3 group ({exc})") from None
+        attrs = dict(group.attrs)
+        fmt = attrs.get("format")
+        if fmt != FORMAT:
+            raise StoreError(
+                f"{url}: not a cumf-dask rating store (format {fmt!r}, expected {FORMAT!r})"
+            )
+        if attrs.get("version") != VERSION:
+            raise StoreError(
+                f"{url}: store format version {attrs.get('version')!r} is not supported by this "
+                f"cumf-dask (reads version {VERSION}); rebuild the store"
+            )
+        if not attrs.get("complete"):
+            raise StoreError(
+                f"{url}: the store is incomplete (its build was interrupted); rebuild it "
+                "(ingest/generate with --overwrite)"
+            )
+        store = cls(url, attrs)
+        store._validate(group)
+        store.__dict__["_group"] = group
+        return store
+
+    def _validate(self, group: zarr.Group) -> None:
+        def need(path: str, shape: tuple[int, ...]) -> None:
+            if path not in group:
+                raise StoreError(f"{self.url}: damaged store: '{path}' is missing; rebuild it")
+            got = group[path].shape
+            if tuple(got) != shape:
+                raise StoreError(
+                    f"{self.url}: damaged store: '{path}' has shape {got}, expected {shape}"
+                )
+
+        need("row_nnz", (self.m,))
+        need("col_nnz", (self.n,))
+        for name, bands in (("by_row", self.n_row_tiles), ("by_col", self.n_col_tiles)):
+            need(f"{name}/band_nnz", (bands,))
+            total = int(np.asarray(group[f"{name}/band_nnz"][:]).sum())
+            if total != self.nnz:
+                raise StoreError(
+                    f"{self.url}: damaged store: {name} holds {total} ratings, attrs say "
+                    f"{self.nnz}; rebuild it"
+                )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "attrs": self.attrs}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.url, self.attrs = state["url"], state["attrs"]
+
+    def __repr__(self) -> str:
+        return f"RatingsStore({self.url!r}, m={self.m}, n={self.n}, nnz={self.nnz})"
+
+    @cached_property
+    def _group(self) -> zarr.Group:
+        return zarr.open_group(self.url, mode="r")
+
+    # ------------------------------------------------------------------ metadata
+    @property
+    def m(self) -> int:
+        return int(self.attrs["m"])
+
+    @property
+    def n(self) -> int:
+        return int(self.attrs["n"])
+
+    @property
+    def nnz(self) -> int:
+        return int(self.attrs["nnz"])
+
+    @property
+    def nnz_test(self) -> int:
+        return int(self.attrs.get("nnz_test", 0))
+
+    @property
+    def tile_rows(self) -> int:
+        return int(self.attrs["tile_rows"])
+
+    @property
+    def tile_cols(self) -> int:
+        return int(self.attrs["tile_cols"])
+
+    @property
+    def n_row_tiles(self) -> int:
+        return int(self.attrs["n_row_tiles"])
+
+    @property
+    def n_col_tiles(self) -> int:
+        return int(self.attrs["n_col_tiles"])
+
+    @property
+    def stats(self) -> dict[str, float]:
+        return dict(self.attrs.get("stats", {}))
+
+    @property
+    def source(self) -> dict[str, Any]:
+        return dict(self.attrs.get("source", {}))
+
+    def shape(self, orient: Orientation = "row") -> tuple[int, int]:
+        return (self.m, self.n) if orient == "row" else (self.n, self.m)
+
+    def tile_size(self, orient: Orientation = "row") -> tuple[int, int]:
+        """(major, minor) tile sizes in this orientation."""
+        t = (self.tile_rows, self.tile_cols)
+        return t if orient == "row" else (t[1], t[0])
+
+    def counts(self, orient: Orientation = "row") -> np.ndarray:
+        """Ratings per row ("row") or per column ("col"), int64."""
+        return np.asarray(self._group["row_nnz" if orient == "row" else "col_nnz"][:])
+
+    def band_nnz(self, orient: Orientation | Literal["test"] = "row") -> np.ndarray:
+        group = self._group
+        path = f"{_GROUPS[orient]}/band_nnz"
+        if path not in group:
+            return np.zeros(0, np.int64)
+        return np.asarray(group[path][:])
+
+    @property
+    def has_test(self) -> bool:
+        return self.nnz_test > 0
+
+    def ids(self, axis: Literal["rows", "cols"]) -> np.ndarray | None:
+        """The original ids of rows or columns (None when they are 0..m-1 / 0..n-1)."""
+        path = f"ids/{axis}"
+        group = self._group
+        return np.asarray(group[path][:]) if path in group else None
+
+    def size_on_disk(self) -> int | None:
+        """Bytes under a local store's folder; None for a remote URL."""
+        from pathlib import Path
+
+        root = Path(self.url)
+        if not root.is_dir():
+            return None
+        return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+    # ------------------------------------------------------------------ reading
+    def read_band(
+        self, orient: Orientation | Literal["test"], band: int, tiles: tuple[int, int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(major_local, minor, val, ptr) of one band, optionally only tiles [t0, t1)."""
+        group = self._group
+        path = f"{_GROUPS[orient]}/{band}"
+        try:
+            sub = group[path]
+            ptr = np.asarray(sub["ptr"][:], dtype=np.int64)
+        except KeyError:
+            raise StoreError(f"{self.url}: damaged store: band '{path}' is missing") from None
+        if ptr.ndim != 1 or ptr[0] != 0 or np.any(np.diff(ptr) < 0):
+            raise StoreError(f"{self.url}: damaged store: '{path}/ptr' is not monotonic")
+        if ptr[-1] != sub["val"].shape[0]:
+            raise StoreError(
+                f"{self.url}: damaged store: '{path}' has {sub['val'].shape[0]} ratings, its ptr "
+                f"says {ptr[-1]}"
+            )
+        t0, t1 = tiles if tiles is not None else (0, len(ptr) - 1)
+        lo, hi = int(ptr[t0]), int(ptr[t1])
+        if hi == lo:
+            empty_i = np.zeros(0, np.int32)
+            return empty_i, np.zeros(0, sub["minor"].dtype), np.zeros(0, np.float32), ptr
+        return (
+            np.asarray(sub["major"][lo:hi]),
+            np.asarray(sub["minor"][lo:hi]),
+            np.asarray(sub["val"][lo:hi]),
+            ptr[t0 : t1 + 1] - lo,
+        )
+
+    def read_coo(
+        self,
+        orient: Orientation | Literal["test"],
+        major: tuple[int, int] | None = None,
+        minor: tuple[int, int] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Global (major, minor, val) of the ratings in the given ranges, in band order.
+
+        Reads only the tiles that overlap the ranges; in the "row" and "test" orientations
+        major = row, in "col" major = column.
+        """
+        base = "row" if orient == "test" else orient
+        n_major, n_minor = self.shape(base)
+        t_major, t_minor = self.tile_size(base)
+        r0, r1 = major if major is not None else (0, n_major)
+        c0, c1 = minor if minor is not None else (0, n_minor)
+        out_r, out_c, out_v = [], [], []
+        for band in range(r0 // t_major, min(-(-r1 // t_major), math.ceil(n_major / t_major))):
+            tiles = (c0 // t_minor, max(c0 // t_minor, -(-c1 // t_minor)))
+            loc, col, val, _ = self.read_band(orient, band, tiles)
+            row = loc.astype(np.int64) + band * t_major
+            keep = (row >= r0) & (row < r1) & (col >= c0) & (col < c1)
+            if not keep.all():
+                row, col, val = row[keep], col[keep], val[keep]
+            out_r.append(row)
+            out_c.append(col)
+            out_v.append(val)
+        if not out_r:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+        return np.concatenate(out_r), np.concatenate(out_c), np.concatenate(out_v)
+
+    def read_block(
+        self, orient: Orientation, rows: tuple[int, int], cols: tuple[int, int]
+    ) -> Block:
+        """The block of R (or R^T for "col") with the given row and column ranges, as CSR."""
+        r0, r1 = rows
+        c0, c1 = cols
+        row, col, val = self.read_coo(orient, rows, cols)
+        return coo_to_block(row - r0, col - c0, val, r0, c0, r1 - r0, c1 - c0)
+
+    def iter_bands(
+        self, orient: Orientation | Literal["test"]
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Global (major, minor, val) band by band: bounded memory over the whole store."""
+        base = "row" if orient == "test" else orient
+        t_major = self.tile_size(base)[0]
+        for band in range(len(self.band_nnz(orient))):
+            loc, col, val, _ = self.read_band(orient, band)
+            yield loc.astype(np.int64) + band * t_major, col.astype(np.int64), val
+
+
+def coo_to_block(
+    row: np.ndarray, col: np.ndarray, val: np.ndarray, row0: int, col0: int, n_rows: int, n_cols: int
+) -> Block:
+    """CSR from local COO (row in [0, n_rows)); entries of a row keep their column order."""
+    order = np.argsort(row, kind="stable")
+    counts = np.bincount(row, minlength=n_rows) if row.size else np.zeros(n_rows, np.int64)
+    indptr = np.zeros(n_rows + 1, np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return Block(
+        indptr=indptr,
+        indices=np.ascontiguousarray(col[order], dtype=np.int32),
+        values=np.ascontiguousarray(val[order], dtype=np.float32),
+        row0=int(row0),
+        col0=int(col0),
+        n_rows=int(n_rows),
+        n_cols=int(n_cols),
+    )
+
+
+def remove_store(url: str) -> None:
+    """Delete a local store folder (used before an overwrite)."""
+    from pathlib import Path
+
+    path = Path(url)
+    if path.exists():
+        shutil.rmtree(path)

@@ -1,0 +1,64 @@
+"""Shared fixtures: backends (GPU ones marked and skipped without CUDA), random rating data."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from cumf_dask.compat import has_cuda  # noqa: E402
+
+HAS_CUDA = has_cuda()
+BACKENDS = [
+    "numpy",
+    pytest.param("cupy", marks=[pytest.mark.gpu]),
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU and cupy")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    from cumf_dask.backend import get_backend
+
+    return get_backend(request.param)
+
+
+def random_ratings(m, n, density, seed, empty_rows=(), empty_cols=(), skew=0.0):
+    """Fresh random COO ratings in [1, 5] with optional empty rows/columns and degree skew."""
+    rng = np.random.default_rng(seed)
+    k = max(1, int(m * n * density))
+    if skew:
+        pr = 1.0 / np.arange(1, m + 1) ** skew
+        pc = 1.0 / np.arange(1, n + 1) ** skew
+        rows = rng.choice(m, 3 * k, p=pr / pr.sum())
+        cols = rng.choice(n, 3 * k, p=pc / pc.sum())
+        flat = np.unique(rows * n + cols)[:k]
+        rng.shuffle(flat)
+        flat = flat[:k]
+    else:
+        flat = rng.choice(m * n, k, replace=False)
+    rows, cols = flat // n, flat % n
+    keep = ~np.isin(rows, list(empty_rows)) & ~np.isin(cols, list(empty_cols))
+    rows, cols = rows[keep], cols[keep]
+    vals = rng.uniform(1, 5, rows.size).astype(np.float32)
+    return rows.astype(np.int64), cols.astype(np.int64), vals
+
+
+def rel_err(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))

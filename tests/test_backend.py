@@ -1,0 +1,85 @@
+"""Every backend computes the same hermitian, solve and update as the float64 reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import random_ratings, rel_err
+from reference import half_step
+
+from cumf_dask.data.store import coo_to_block
+from cumf_dask.factors import init_factor
+
+
+def _block(m, n, seed, **kw):
+    rows, cols, vals = random_ratings(m, n, 0.05, seed, **kw)
+    return rows, cols, vals, coo_to_block(rows, cols, vals, 0, 0, m, n)
+
+
+@pytest.mark.parametrize("f", [1, 3, 10, 32, 100])
+def test_update_matches_reference(backend, f):
+    m, n = 300, 120
+    rows, cols, vals, block = _block(m, n, seed=f, empty_rows=[0, 7], skew=0.7)
+    fixed = init_factor(n, f, seed=f + 1)
+    counts = np.bincount(rows, minlength=m)
+    X = backend.to_host(
+        backend.update(backend.block_to_device(block), backend.asarray(fixed),
+                       backend.asarray(counts), 0.05)
+    )  # fmt: skip
+    ref = half_step(rows, cols, vals.astype(np.float64), m, fixed.astype(np.float64), 0.05)
+    assert np.isfinite(X).all()
+    assert (X[[0, 7]] == 0).all()
+    assert rel_err(X, ref) < 1e-4
+
+
+def test_hermitian_partials_add_up(backend):
+    """A and B over two column parts sum to those over all columns (lower triangle)."""
+    m, n, f = 200, 90, 12
+    rows, cols, vals, whole = _block(m, n, seed=3)
+    fixed = init_factor(n, f, seed=4)
+    A, B = (backend.to_host(a) for a in backend.hermitian(backend.block_to_device(whole),
+                                                         backend.asarray(fixed)))  # fmt: skip
+    parts = []
+    for c0, c1 in ((0, 40), (40, n)):
+        keep = (cols >= c0) & (cols < c1)
+        blk = coo_to_block(rows[keep], cols[keep] - c0, vals[keep], 0, c0, m, c1 - c0)
+        parts.append(backend.hermitian(backend.block_to_device(blk),
+                                       backend.asarray(fixed[c0:c1])))  # fmt: skip
+    A2 = sum(backend.to_host(p[0]) for p in parts)
+    B2 = sum(backend.to_host(p[1]) for p in parts)
+    low = np.tril_indices(f)
+    assert rel_err(A2[:, low[0], low[1]], A[:, low[0], low[1]]) < 1e-5
+    assert rel_err(B2, B) < 1e-5
+
+
+def test_solve_empty_rows_give_zero(backend):
+    f = 8
+    A = np.zeros((4, f, f), np.float32)
+    B = np.zeros((4, f), np.float32)
+    X = backend.to_host(backend.solve(backend.asarray(A), backend.asarray(B),
+                                      backend.asarray(np.zeros(4, np.int64)), 0.1))  # fmt: skip
+    assert (X == 0).all()
+
+
+def test_pack_roundtrip(backend):
+    rng = np.random.default_rng(5)
+    M = rng.standard_normal((6, 9, 9)).astype(np.float32)
+    S = M + M.transpose(0, 2, 1)
+    P = backend.pack(backend.asarray(S))
+    assert P.shape == (6, 45)
+    np.testing.assert_array_equal(backend.to_host(backend.unpack(P, 9)), S)
+
+
+def test_topk_excludes_seen(backend):
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((5, 4)).astype(np.float32)
+    T = rng.standard_normal((30, 4)).astype(np.float32)
+    seen = coo_to_block(np.array([0, 0, 3]), np.array([1, 2, 29]), np.ones(3, np.float32),
+                        0, 0, 5, 30)  # fmt: skip
+    idx, score = (backend.to_host(a) for a in backend.topk(backend.asarray(X), backend.asarray(T),
+                                                          3, backend.block_to_device(seen)))
+    full = X @ T.T
+    full[0, [1, 2]] = -np.inf
+    full[3, 29] = -np.inf
+    np.testing.assert_array_equal(idx, np.argsort(-full, axis=1)[:, :3])
+    np.testing.assert_allclose(score, np.take_along_axis(full, idx, 1), rtol=1e-5)
