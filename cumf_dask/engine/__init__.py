@@ -1,0 +1,1 @@
+"""The SU-ALS engine: clusters, per-half-step task graphs and reductions on Dask."""

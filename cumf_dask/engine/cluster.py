@@ -1,0 +1,127 @@
+"""Getting a Dask client: an existing scheduler, a LocalCUDACluster (GPUs) or a LocalCluster.
+
+Per-worker setup lives in a WorkerPlugin, not in tasks: BLAS pinned to one thread (Dask
+already gives the parallelism; threaded BLAS is much slower on many small products), and
+on GPU workers a node-local CuPy kernel cache so processes do not race on one directory.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from distributed import Client, WorkerPlugin
+
+from ..backend import resolve_backend_name
+from ..compat import cuda_device_count, has_module
+from ..config import ClusterConfig, parse_size
+from ..errors import ConfigError
+
+
+class CumfWorkerSetup(WorkerPlugin):
+    """Pin BLAS threads and give each GPU worker its own CuPy kernel cache directory."""
+
+    name = "cumf-dask-setup"
+
+    def __init__(self, blas_threads: int = 1):
+        self.blas_threads = blas_threads
+
+    def setup(self, worker: Any) -> None:
+        from threadpoolctl import threadpool_limits
+
+        self._limits = threadpool_limits(self.blas_threads)
+        cache = os.path.join(tempfile.gettempdir(), f"cumf-cupy-cache-{os.getpid()}")
+        os.environ.setdefault("CUPY_CACHE_DIR", cache)
+
+
+def make_client(config: ClusterConfig | None = None) -> Client:
+    """A Client for the config: join `address`, else start a local cluster of the right kind.
+
+    The client process never touches CUDA before the GPU workers start (dask-cuda pitfall).
+    """
+    config = config or ClusterConfig()
+    if config.address:
+        try:
+            client = Client(config.address, timeout="20s")
+        except OSError as exc:
+            raise ConfigError(
+                f"cluster.address: no Dask scheduler answers at {config.address} ({exc}); start "
+                "one with `dask scheduler` or remove cluster.address to run locally"
+            ) from None
+    elif resolve_backend_name(config.backend) == "cupy":
+        client = Client(_cuda_cluster(config))
+    else:
+        from distributed import LocalCluster
+
+        n_workers = config.n_workers or max(1, (os.cpu_count() or 1) // config.threads_per_worker)
+        kwargs: dict[str, Any] = {}
+        if config.memory_limit:
+            kwargs["memory_limit"] = parse_size(config.memory_limit)
+        cluster = LocalCluster(
+            n_workers=n_workers,
+            threads_per_worker=config.threads_per_worker,
+            dashboard_address=config.dashboard_address,
+            **kwargs,
+        )
+        client = Client(cluster)
+    client.register_plugin(CumfWorkerSetup())
+    return client
+
+
+def _cuda_cluster(config: ClusterConfig) -> Any:
+    if not has_module("dask_cuda"):
+        raise ConfigError(
+            "cluster.backend is cupy but dask-cuda is not installed: pip install 'cumf-dask[gpu]'"
+        )
+    if config.rmm_pool_size and not has_module("rmm"):
+        raise ConfigError(
+            "cluster.rmm_pool_size is set but module 'rmm' is not available: install rmm "
+            "(e.g. rmm-cu13) or remove cluster.rmm_pool_size"
+        )
+    from dask_cuda import LocalCUDACluster
+
+    kwargs: dict[str, Any] = {"threads_per_worker": config.threads_per_worker}
+    if config.devices is not None:
+        available = cuda_device_count()
+        bad = [d for d in config.devices if d < 0 or d >= max(available, 1)]
+        if bad:
+            raise ConfigError(
+                f"cluster.devices {config.devices}: GPU ids {bad} do not exist "
+                f"({available} visible)"
+            )
+        kwargs["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, config.devices))
+    elif config.n_workers:
+        kwargs["n_workers"] = config.n_workers
+    if config.rmm_pool_size:
+        kwargs["rmm_pool_size"] = config.rmm_pool_size
+        kwargs["rmm_allocator_external_lib_list"] = ["cupy"]
+    kwargs["dashboard_address"] = config.dashboard_address
+    return LocalCUDACluster(**kwargs)
+
+
+def worker_addresses(client: Client) -> list[str]:
+    """Worker addresses in a stable order (by name, then address)."""
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    return [a for a, _ in sorted(info.items(), key=lambda kv: (str(kv[1].get("name")), kv[0]))]
+
+
+def worker_memory(client: Client, backend: str) -> int:
+    """The smallest per-worker memory: GPU memory on GPU workers, else the memory limit."""
+    if backend == "cupy":
+        sizes = client.run(_gpu_total_memory)
+        return int(min(sizes.values()))
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    limits = [int(w.get("memory_limit") or 0) for w in info.values()]
+    if not limits or min(limits) <= 0:
+        import psutil
+
+        return int(psutil.virtual_memory().total / max(len(limits), 1))
+    return min(limits)
+
+
+def _gpu_total_memory() -> int:
+    import cupy
+
+    free, total = cupy.cuda.runtime.memGetInfo()
+    return int(total)

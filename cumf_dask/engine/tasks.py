@@ -1,0 +1,120 @@
+"""Pure task functions run on the workers; the graph builders submit them by name.
+
+Each takes host or device arrays and a backend *name* (backends are per-process objects,
+looked up on the worker), so tasks are small to ship and read well in the dashboard.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..backend import get_backend
+from ..data.store import Block, RatingsStore, coo_to_block
+from ..errors import DeviceMemoryError
+from ..factors import init_factor
+
+
+def load_block(store: RatingsStore, orient: str, rows: tuple, cols: tuple, backend: str) -> Block:
+    """R^(ij) from the store, moved to the worker's device."""
+    if orient == "test":
+        r, c, v = store.read_coo("test", rows, cols)
+        block = coo_to_block(r - rows[0], c - cols[0], v, rows[0], cols[0],
+                             rows[1] - rows[0], cols[1] - cols[0])  # fmt: skip
+    else:
+        block = store.read_block(orient, rows, cols)  # type: ignore[arg-type]
+    return get_backend(backend).block_to_device(block)
+
+
+def load_counts(store: RatingsStore, orient: str, rows: tuple, backend: str) -> Any:
+    """Total rating counts of rows [lo, hi) (for weighted lambda)."""
+    counts = np.asarray(store._group["row_nnz" if orient == "row" else "col_nnz"][rows[0]:rows[1]])
+    return get_backend(backend).asarray(counts)
+
+
+def initial_factor(n_rows: int, f: int, seed: int, lo: int, hi: int, backend: str) -> Any:
+    return get_backend(backend).asarray(init_factor(n_rows, f, seed, lo, hi))
+
+
+def assemble(lo: int, hi: int, backend: str, pieces: list[tuple[int, int, Any]]) -> Any:
+    """Rows [lo, hi) of a factor from pieces (start, stop, array) that cover them."""
+    be = get_backend(backend)
+    parts = []
+    for start, stop, arr in sorted(pieces, key=lambda t: t[0]):
+        a, b = max(lo, start), min(hi, stop)
+        if a < b:
+            parts.append(arr[a - start : b - start])
+    if len(parts) == 1:
+        return parts[0]
+    return be.xp.concatenate(parts, axis=0)
+
+
+def update(block: Block, fixed: Any, counts: Any, lam: float, backend: str) -> Any:
+    """p == 1: hermitian and solve of one batch, on the worker holding the whole fixed factor."""
+    with _device_memory_guard(block):
+        return get_backend(backend).update(block, fixed, counts, lam)
+
+
+def hermitian_slices(
+    block: Block, fixed: Any, slices: list[tuple[int, int]], backend: str
+) -> list[tuple[Any, Any]]:
+    """p > 1: partial (packed A, B) of one block, cut into the reduce-scatter slices."""
+    be = get_backend(backend)
+    with _device_memory_guard(block):
+        A, B = be.hermitian(block, fixed)
+        packed = be.pack(A)
+    return [(packed[a:b], B[a:b]) for a, b in slices]
+
+
+def sum_partials(backend: str, *partials: tuple[Any, Any]) -> tuple[Any, Any]:
+    """Elementwise sum of packed partial (A, B) pairs (a reduction step)."""
+    A = partials[0][0].copy()
+    B = partials[0][1].copy()
+    for a, b in partials[1:]:
+        A += a
+        B += b
+    return A, B
+
+
+def reduce_solve(counts: Any, lam: float, f: int, backend: str, *partials: tuple[Any, Any]) -> Any:
+    """Final reduction of one slice, then the weighted-lambda solve."""
+    be = get_backend(backend)
+    A, B = sum_partials(backend, *partials)
+    return be.solve(be.unpack(A, f), B, counts, lam)
+
+
+def block_squared_error(block: Block, x_rows: Any, fixed: Any, backend: str) -> tuple[float, int]:
+    """Sum of squared residuals over a block's ratings, and their count."""
+    be = get_backend(backend)
+    if block.nnz == 0:
+        return 0.0, 0
+    xp = be.xp
+    counts = xp.diff(block.indptr)
+    rows = xp.repeat(xp.arange(block.n_rows), counts)
+    return be.squared_error(x_rows, fixed, rows, block.indices, block.values), block.nnz
+
+
+def to_host(arr: Any, backend: str) -> np.ndarray:
+    return get_backend(backend).to_host(arr)
+
+
+class _device_memory_guard:
+    """Turn an out-of-memory error inside a kernel into one clear DeviceMemoryError."""
+
+    def __init__(self, block: Block):
+        self.block = block
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is None or isinstance(exc, DeviceMemoryError):
+            return False
+        if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+            raise DeviceMemoryError(
+                f"a worker ran out of memory on a block of {self.block.n_rows:,} rows and "
+                f"{self.block.nnz:,} ratings; set plan.q higher (smaller batches) or "
+                "plan.memory_budget lower, then run again"
+            ) from exc
+        return False

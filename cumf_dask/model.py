@@ -1,0 +1,358 @@
+"""The ALS estimator: fit on a Dask cluster, then predict, score, recommend, save and load."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from .backend import get_backend, resolve_backend_name
+from .checkpoint import MODEL_FORMAT, MODEL_VERSION, Checkpointer, read_factors, write_factors
+from .config import ClusterConfig, PlanConfig, parse_size
+from .data.builder import build_store
+from .data.store import RatingsStore
+from .engine import tasks
+from .engine.cluster import make_client, worker_addresses, worker_memory
+from .engine.graph import Factor, SUALSEngine, even_bounds
+from .errors import ConfigError, StoreError
+from .plan import Plan, make_plan
+
+Callback = Callable[[dict[str, Any]], None]
+
+
+class ALS:
+    """Alternating least squares with weighted-lambda regularization (cuMF's MO-ALS + SU-ALS).
+
+    Parameters
+    ----------
+    factors : int
+        f, the latent dimension.
+    regularization : float
+        lambda; each row's term is weighted by its rating count (n_u * lambda).
+    iterations : int
+        Full iterations (update X, then update Theta).
+    seed : int
+        Seed of the initial Theta (the result does not depend on the plan or worker count).
+    backend : {"auto", "numpy", "cupy"}
+        "auto" uses the GPU when one is visible.
+    plan : PlanConfig, optional
+        Force p, q, the memory budget, residency or the reduction.
+    checkpoint_dir : str, optional
+        Write X and Theta after every iteration (atomically); ``fit(resume=True)`` uses it.
+    evaluate : bool
+        Compute train (and, if the store has held-out ratings, test) RMSE every iteration.
+    callbacks : sequence of callables
+        Each is called with the iteration's metrics record (a dict) after every iteration.
+
+    Attributes
+    ----------
+    user_factors_ : ndarray (m, f)
+    item_factors_ : ndarray (n, f)
+    metrics_ : list of dict
+        Per iteration: iteration, seconds, x_seconds, theta_seconds, train_rmse, test_rmse.
+    plan_ : Plan
+    """
+
+    def __init__(
+        self,
+        factors: int = 10,
+        regularization: float = 0.05,
+        iterations: int = 10,
+        seed: int = 0,
+        *,
+        backend: str = "auto",
+        plan: PlanConfig | None = None,
+        checkpoint_dir: str | None = None,
+        evaluate: bool = True,
+        callbacks: Sequence[Callback] = (),
+    ):
+        self.factors = factors
+        self.regularization = regularization
+        self.iterations = iterations
+        self.seed = seed
+        self.backend = backend
+        self.plan = plan
+        self.checkpoint_dir = checkpoint_dir
+        self.evaluate = evaluate
+        self.callbacks = list(callbacks)
+
+    # ------------------------------------------------------------------ fitting
+    def fit(
+        self,
+        data: RatingsStore | str | tuple,
+        *,
+        client: Any = None,
+        resume: bool = False,
+    ) -> ALS:
+        """Fit on a RatingsStore (or its URL), or on (rows, cols, ratings[, (m, n)]) arrays.
+
+        With no `client`, a local cluster of the right kind is started and closed again;
+        the factors are then gathered to this process. With a client, the factors also stay
+        on the cluster (:meth:`factors_as_dask`).
+        """
+        self._check_params()
+        store, tmp = self._as_store(data)
+        backend = resolve_backend_name(self.backend)
+        own_client = client is None
+        if own_client:
+            client = make_client(ClusterConfig(backend=backend, dashboard_address=None))
+        try:
+            self._fit(store, client, backend, resume)
+            self._gather()
+        finally:
+            if own_client:
+                cluster = client.cluster
+                client.close()
+                if cluster is not None:
+                    cluster.close()
+                self._engine = None
+                self._X = self._Theta = None
+            if tmp is not None:
+                tmp.cleanup()
+        return self
+
+    def _check_params(self) -> None:
+        if not isinstance(self.factors, int) or self.factors < 1:
+            raise ConfigError(f"factors must be a positive integer, got {self.factors!r}")
+        if not self.regularization >= 0:
+            raise ConfigError(f"regularization must be >= 0, got {self.regularization!r}")
+        if not isinstance(self.iterations, int) or self.iterations < 0:
+            raise ConfigError(f"iterations must be a non-negative integer, got {self.iterations!r}")
+
+    def _as_store(self, data: Any) -> tuple[RatingsStore, Any]:
+        if isinstance(data, RatingsStore):
+            return data, None
+        if isinstance(data, (str, Path)):
+            return RatingsStore.open(str(data)), None
+        if isinstance(data, tuple) and len(data) in (3, 4):
+            tmp = tempfile.TemporaryDirectory(prefix="cumf-fit-")
+            shape = data[3] if len(data) == 4 else None
+            store = build_store(f"{tmp.name}/ratings.zarr", *data[:3], shape=shape)
+            return store, tmp
+        raise ConfigError(
+            "fit() takes a RatingsStore, a store path/URL, or (rows, cols, ratings[, (m, n)])"
+        )
+
+    def _fit(self, store: RatingsStore, client: Any, backend: str, resume: bool) -> None:
+        workers = worker_addresses(client)
+        plan_cfg = self.plan or PlanConfig()
+        budget = worker_memory(client, backend)
+        if plan_cfg.memory_budget is not None:
+            budget = parse_size(plan_cfg.memory_budget, budget) or budget
+        self.plan_: Plan = make_plan(
+            store.m, store.n, store.nnz, self.factors, len(workers), budget,
+            store.counts("row"), store.counts("col"), plan_cfg, backend,
+        )  # fmt: skip
+        engine = SUALSEngine(client, store, self.plan_, self.regularization, backend, workers)
+        self._engine, self._store, self._backend = engine, store, backend
+        self.shape_ = (store.m, store.n)
+        self.metrics_: list[dict[str, Any]] = []
+        start = 0
+        checkpointer = Checkpointer(self.checkpoint_dir) if self.checkpoint_dir else None
+        spread = even_bounds(store.n, len(workers))
+        theta = engine.initial(store.n, self.factors, self.seed, spread)
+        X: Factor | None = None
+        if resume:
+            if checkpointer is None:
+                raise ConfigError("fit(resume=True) needs checkpoint_dir (output.checkpoint)")
+            found = checkpointer.latest()
+            if found is not None:
+                start, attrs, arrays = found
+                self._check_checkpoint(attrs, store)
+                theta = engine.from_host(arrays["item_factors"], spread)
+                self.metrics_ = list(attrs.get("metrics", []))
+        began = time.perf_counter()
+        for it in range(start + 1, self.iterations + 1):
+            t0 = time.perf_counter()
+            X = engine.half_step("x", theta, it)
+            t1 = time.perf_counter()
+            theta = engine.half_step("theta", X, it)
+            t2 = time.perf_counter()
+            record: dict[str, Any] = {
+                "iteration": it,
+                "seconds": t2 - t0,
+                "x_seconds": t1 - t0,
+                "theta_seconds": t2 - t1,
+            }
+            if self.evaluate:
+                record["train_rmse"] = engine.squared_error(X, theta, it, "train")
+                if store.has_test:
+                    record["test_rmse"] = engine.squared_error(X, theta, it, "test")
+            record["elapsed"] = time.perf_counter() - began
+            self.metrics_.append(record)
+            self._X, self._Theta = X, theta
+            if checkpointer is not None:
+                checkpointer.save(it, self._factor_arrays(), self._attrs(), client)
+            for callback in self.callbacks:
+                callback(record)
+        if X is None:  # nothing left to run (resumed at the end, or iterations == 0)
+            X = engine.half_step("x", theta, start + 1)
+        self._X, self._Theta = X, theta
+        self.iterations_done_ = max(start, self.iterations)
+
+    def _check_checkpoint(self, attrs: dict, store: RatingsStore) -> None:
+        want = {"m": store.m, "n": store.n, "factors": self.factors}
+        got = {k: attrs.get(k) for k in want}
+        if got != want:
+            raise StoreError(
+                f"{self.checkpoint_dir}: the checkpoint is for {got}, this fit is {want}; "
+                "use another checkpoint_dir or resume=False"
+            )
+
+    # ------------------------------------------------------------------ factors
+    def _dask(self, factor: Factor) -> da.Array:
+        backend = self._backend
+        parts = [
+            da.from_delayed(
+                self._engine.client.submit(tasks.to_host, fut, backend, pure=False),
+                shape=(hi - lo, factor.f), dtype=np.float32,
+            )  # fmt: skip
+            for lo, hi, fut in factor.pieces
+        ]
+        return da.concatenate(parts, axis=0)
+
+    def factors_as_dask(self) -> tuple[da.Array, da.Array]:
+        """(X, Theta) as Dask arrays on the cluster (only while the fit's client is open)."""
+        if getattr(self, "_engine", None) is None or self._X is None:
+            raise ConfigError("factors live on a cluster only after fit(client=...) with a client")
+        return self._dask(self._X), self._dask(self._Theta)
+
+    def _factor_arrays(self) -> dict[str, Any]:
+        X, Theta = self.factors_as_dask()
+        return {"user_factors": X, "item_factors": Theta}
+
+    def _gather(self) -> None:
+        X, Theta = self.factors_as_dask()
+        client = self._engine.client
+        self.user_factors_, self.item_factors_ = client.compute([X, Theta], sync=True)
+
+    def _attrs(self) -> dict[str, Any]:
+        return {
+            "factors": self.factors,
+            "regularization": self.regularization,
+            "seed": self.seed,
+            "m": self.shape_[0],
+            "n": self.shape_[1],
+            "metrics": self.metrics_,
+        }
+
+    # ------------------------------------------------------------------ using the model
+    def predict(self, users: Any, items: Any) -> np.ndarray:
+        """Predicted ratings x_u . theta_v for dense row/column indices (pairs)."""
+        users = np.asarray(users, np.int64)
+        items = np.asarray(items, np.int64)
+        self._check_indices(users, items)
+        be = get_backend("numpy")
+        return be.predict(self.user_factors_, self.item_factors_, users, items)
+
+    def rmse(self, data: RatingsStore | str | tuple, kind: str = "test") -> float:
+        """RMSE on a store's held-out ("test") or training ("train") ratings, or on arrays."""
+        if isinstance(data, tuple):
+            rows, cols, vals = (np.asarray(a) for a in data[:3])
+            chunks = [(rows, cols, vals)]
+        else:
+            store = data if isinstance(data, RatingsStore) else RatingsStore.open(str(data))
+            chunks = store.iter_bands("test" if kind == "test" else "row")
+        total, count = 0.0, 0
+        be = get_backend("numpy")
+        for rows, cols, vals in chunks:
+            self._check_indices(rows, cols)
+            total += be.squared_error(self.user_factors_, self.item_factors_, rows, cols, vals)
+            count += len(vals)
+        if count == 0:
+            raise StoreError(f"no {kind} ratings to score")
+        return float(np.sqrt(total / count))
+
+    def recommend(
+        self,
+        users: Any,
+        k: int = 10,
+        exclude_seen: bool = True,
+        store: RatingsStore | str | None = None,
+        batch: int = 4096,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k items (dense indices) and scores per user; seen items skipped (needs `store`)."""
+        users = np.asarray(users, np.int64)
+        self._check_indices(users, np.zeros(0, np.int64))
+        if exclude_seen and store is None:
+            store = getattr(self, "_store", None)
+            if store is None:
+                raise ConfigError("recommend(exclude_seen=True) needs the rating store")
+        if isinstance(store, str):
+            store = RatingsStore.open(store)
+        be = get_backend("numpy")
+        out_idx, out_score = [], []
+        for lo in range(0, len(users), batch):
+            chunk = users[lo : lo + batch]
+            seen = _seen_block(store, chunk, self.shape_[1]) if exclude_seen else None
+            idx, score = be.topk(self.user_factors_[chunk], self.item_factors_, k, seen)
+            out_idx.append(idx)
+            out_score.append(score)
+        return np.concatenate(out_idx), np.concatenate(out_score)
+
+    def _check_indices(self, users: np.ndarray, items: np.ndarray) -> None:
+        if not hasattr(self, "user_factors_"):
+            raise ConfigError("the model is not fitted: call fit() or ALS.load() first")
+        m, n = self.user_factors_.shape[0], self.item_factors_.shape[0]
+        if users.size and (users.min() < 0 or users.max() >= m):
+            raise ConfigError(f"user index out of range [0, {m})")
+        if items.size and (items.min() < 0 or items.max() >= n):
+            raise ConfigError(f"item index out of range [0, {n})")
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> None:
+        """Write the model (factors, parameters, metrics, id maps) as a Zarr group."""
+        if not hasattr(self, "user_factors_"):
+            raise ConfigError("nothing to save: the model is not fitted")
+        store = getattr(self, "_store", None)
+        arrays: dict[str, Any] = {
+            "user_factors": self.user_factors_,
+            "item_factors": self.item_factors_,
+        }
+        if store is not None:
+            arrays["user_ids"] = store.ids("rows")
+            arrays["item_ids"] = store.ids("cols")
+        attrs = {
+            **self._attrs(),
+            "format": MODEL_FORMAT,
+            "version": MODEL_VERSION,
+            "iterations": self.iterations,
+            "store": store.url if store is not None else None,
+        }
+        write_factors(path, arrays, attrs)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ALS:
+        """A fitted model from :meth:`save` (factors on the host)."""
+        attrs, arrays = read_factors(path, MODEL_FORMAT)
+        model = cls(
+            factors=int(attrs["factors"]), regularization=float(attrs["regularization"]),
+            iterations=int(attrs["iterations"]), seed=int(attrs["seed"]), backend="numpy",
+        )  # fmt: skip
+        model.user_factors_ = arrays["user_factors"]
+        model.item_factors_ = arrays["item_factors"]
+        model.shape_ = (int(attrs["m"]), int(attrs["n"]))
+        model.metrics_ = list(attrs.get("metrics", []))
+        model.user_ids_ = arrays.get("user_ids")
+        model.item_ids_ = arrays.get("item_ids")
+        model.store_url_ = attrs.get("store")
+        return model
+
+
+def _seen_block(store: RatingsStore, users: np.ndarray, n: int):
+    """The training ratings of `users` (in their order) as a block over all items."""
+    from .data.store import coo_to_block
+
+    rows, cols = [], []
+    for pos, u in enumerate(users):
+        _, c, _ = store.read_coo("row", (int(u), int(u) + 1), (0, n))
+        rows.append(np.full(len(c), pos))
+        cols.append(c)
+    r = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    c = np.concatenate(cols) if cols else np.zeros(0, np.int64)
+    return coo_to_block(r, c, np.ones(len(c), np.float32), 0, 0, len(users), n)

@@ -1,0 +1,256 @@
+"""The planner: choose p and q for each SU-ALS half-step from sizes and memory.
+
+The memory model is the cuMF paper's (section "How to partition?"): for update-X on one
+worker, with the fixed factor Theta split into p parts and X into q batches,
+
+    m f / q  +  n f / p  +  |R^(ij)|  +  (m / q) f^2  +  (m / q) f  +  eps  <  C      (floats)
+
+Best practices from the paper, applied in order:
+
+1. if p = 1 fits, use it (model parallelism only: no reduction, the common fast case);
+2. otherwise start from p with n f / p ~ C / 2, and
+3. take the smallest q that fits (never more: more batches only add overhead),
+
+with two additions for Dask: q is at least the number of workers when p = 1 (every worker
+gets batches), and the rating blocks stay resident on the workers (loaded once) when both
+orientations fit next to the working set, else they stream from the store each half-step.
+Partition boundaries balance ratings, not rows, so skewed data loads workers evenly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from .config import PlanConfig, parse_size
+from .errors import PlanError
+
+BYTES = 4  # float32
+RATING_BYTES = 12  # int32 index + float32 value + amortized indptr/row
+
+
+@dataclass
+class HalfPlan:
+    """One half-step: solve `n_rows` rows of one factor from `n_cols` rows of the other."""
+
+    side: Literal["x", "theta"]
+    orient: Literal["row", "col"]
+    n_rows: int
+    n_cols: int
+    nnz: int
+    f: int
+    p: int
+    q: int
+    row_bounds: list[int]  # q + 1 batch boundaries of the solved factor
+    col_bounds: list[int]  # p + 1 part boundaries of the fixed factor
+    memory: dict[str, int] = field(default_factory=dict)  # bytes per worker, by item
+
+    @property
+    def label(self) -> str:
+        return "X" if self.side == "x" else "Theta"
+
+    @property
+    def peak(self) -> int:
+        return sum(self.memory.values())
+
+
+@dataclass
+class Plan:
+    """Both half-steps, the workers they run on, and whether R stays resident."""
+
+    x: HalfPlan
+    theta: HalfPlan
+    workers: int
+    budget: int  # bytes per worker
+    resident: bool
+    reduction: str
+    groups: list[list[int]] | None
+    backend: str
+
+    def half(self, side: str) -> HalfPlan:
+        return self.x if side == "x" else self.theta
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def table(self) -> str:
+        """A readable summary: p, q and the memory estimate per worker for each half-step."""
+        gb = 1e9
+        lines = [
+            f"workers: {self.workers} ({self.backend}), budget {self.budget / gb:.2f} GB per "
+            f"worker, R {'resident on workers' if self.resident else 'streamed from the store'}, "
+            f"reduction: {self.reduction if max(self.x.p, self.theta.p) > 1 else 'none (p = 1)'}",
+            f"{'half-step':<14}{'p':>4}{'q':>6}{'rows/batch':>12}{'fixed/part':>12}"
+            f"{'R/block':>12}{'A,B/batch':>12}{'peak GB':>9}",
+        ]
+        for h in (self.x, self.theta):
+            rows = max(np.diff(h.row_bounds))
+            cols = max(np.diff(h.col_bounds))
+            lines.append(
+                f"update {h.label:<7}{h.p:>4}{h.q:>6}{rows:>12,}{cols:>12,}"
+                f"{h.memory.get('R block', 0) / gb:>11.3f}G"
+                f"{(h.memory.get('A', 0) + h.memory.get('B', 0)) / gb:>11.3f}G"
+                f"{h.peak / gb:>9.3f}"
+            )
+        return "\n".join(lines)
+
+
+def balanced_bounds(counts: np.ndarray, parts: int) -> list[int]:
+    """parts + 1 boundaries splitting rows so each part holds about the same ratings."""
+    n = len(counts)
+    parts = max(1, min(parts, n))
+    total = float(counts.sum())
+    if total == 0:
+        return [round(i * n / parts) for i in range(parts + 1)]
+    cum = np.cumsum(counts, dtype=np.float64)
+    # Blend with an even split of rows so rows without ratings are spread too.
+    weight = cum / total + np.arange(1, n + 1) / n * 1e-3
+    targets = np.arange(1, parts) / parts * weight[-1]
+    cuts = np.searchsorted(weight, targets, side="left") + 1
+    bounds = [0, *(int(c) for c in cuts), n]
+    for i in range(1, len(bounds)):  # strictly increasing: every part gets a row
+        bounds[i] = max(bounds[i], bounds[i - 1] + 1)
+    for i in range(len(bounds) - 2, 0, -1):
+        bounds[i] = min(bounds[i], bounds[i + 1] - 1)
+    return bounds
+
+
+def _memory(n_rows: int, n_cols: int, nnz: int, f: int, p: int, q: int, fused: bool) -> dict:
+    rows = math.ceil(n_rows / q)
+    est = {
+        "solved batch": rows * f * BYTES,
+        "fixed part": math.ceil(n_cols / p) * f * BYTES,
+        "R block": math.ceil(nnz / (p * q)) * RATING_BYTES,
+        "B": rows * f * BYTES,
+    }
+    if not (fused and p == 1):
+        est["A"] = rows * f * f * BYTES
+    return est
+
+
+def plan_half(
+    side: Literal["x", "theta"],
+    n_rows: int,
+    n_cols: int,
+    nnz: int,
+    f: int,
+    workers: int,
+    budget: int,
+    row_counts: np.ndarray,
+    col_counts: np.ndarray,
+    p: int | None = None,
+    q: int | None = None,
+    fused: bool = False,
+) -> HalfPlan:
+    """Choose p and q for one half-step (paper's best practices), honouring forced values."""
+    fits = lambda p_, q_: sum(_memory(n_rows, n_cols, nnz, f, p_, q_, fused).values()) < budget  # noqa: E731
+    q_max = max(1, n_rows)
+    if p is None:
+        if fits(1, q_max) or (q is not None and fits(1, q)):
+            p = 1
+        else:
+            p = max(2, math.ceil(n_cols * f * BYTES / (budget / 2)))
+            if p > n_cols or not fits(p, q_max):
+                raise PlanError(
+                    f"update {side}: no partition fits {budget / 1e9:.2f} GB per worker with "
+                    f"f={f} ({n_rows:,} x {n_cols:,}, {nnz:,} ratings); use more workers, a "
+                    "larger plan.memory_budget, or fewer factors"
+                )
+    if q is None:
+        q = next((qq for qq in _q_candidates(q_max) if fits(p, qq)), q_max)
+        if p == 1:
+            q = max(q, min(workers, q_max))
+    p = max(1, min(p, n_cols))
+    q = max(1, min(q, n_rows))
+    memory = _memory(n_rows, n_cols, nnz, f, p, q, fused)
+    if sum(memory.values()) >= budget:
+        raise PlanError(
+            f"update {side}: p={p}, q={q} needs {sum(memory.values()) / 1e9:.2f} GB per worker, "
+            f"more than the {budget / 1e9:.2f} GB budget; raise q, lower f, or add memory"
+        )
+    return HalfPlan(
+        side=side,
+        orient="row" if side == "x" else "col",
+        n_rows=n_rows,
+        n_cols=n_cols,
+        nnz=nnz,
+        f=f,
+        p=p,
+        q=q,
+        row_bounds=balanced_bounds(row_counts, q),
+        col_bounds=balanced_bounds(col_counts, p),
+        memory=memory,
+    )
+
+
+def _q_candidates(q_max: int):
+    q = 1
+    while q < q_max:
+        yield q
+        q = q + 1 if q < 8 else math.ceil(q * 1.25)
+    yield q_max
+
+
+def make_plan(
+    m: int,
+    n: int,
+    nnz: int,
+    f: int,
+    workers: int,
+    budget: int,
+    row_counts: np.ndarray,
+    col_counts: np.ndarray,
+    config: PlanConfig | None = None,
+    backend: str = "numpy",
+) -> Plan:
+    """The plan for a whole iteration: update X (Theta fixed), then update Theta (X fixed)."""
+    config = config or PlanConfig()
+    if f < 1:
+        raise PlanError(f"factors must be at least 1, got {f}")
+    if workers < 1:
+        raise PlanError("the cluster has no workers; start some or check the scheduler address")
+    headroom = parse_size(config.headroom, budget) or 0
+    usable = budget - headroom
+    fused = backend == "cupy"
+    halves = {}
+    for side, (rows, cols, rc, cc, forced) in {
+        "x": (m, n, row_counts, col_counts, config.x),
+        "theta": (n, m, col_counts, row_counts, config.theta),
+    }.items():
+        halves[side] = plan_half(
+            side, rows, cols, nnz, f, workers, usable, rc, cc,
+            p=forced.p if forced.p is not None else config.p,
+            q=forced.q if forced.q is not None else config.q,
+            fused=fused,
+        )  # fmt: skip
+    x, theta = halves["x"], halves["theta"]
+    resident_bytes = 2 * nnz * RATING_BYTES / workers
+    working = max(x.peak, theta.peak)
+    resident = config.resident
+    if resident is None:
+        resident = working + resident_bytes < usable
+    elif resident and working + resident_bytes >= usable:
+        raise PlanError(
+            f"plan.resident is true but R needs {resident_bytes / 1e9:.2f} GB per worker on top "
+            f"of {working / 1e9:.2f} GB of working memory (budget {usable / 1e9:.2f} GB); "
+            "set plan.resident: false to stream blocks from the store"
+        )
+    if config.groups is not None:
+        flat = sorted(w for g in config.groups for w in g)
+        if flat != list(range(workers)):
+            raise PlanError(
+                f"plan.groups {config.groups} must name every worker 0..{workers - 1} exactly once"
+            )
+    return Plan(
+        x=x,
+        theta=theta,
+        workers=workers,
+        budget=budget,
+        resident=bool(resident),
+        reduction=config.reduction,
+        groups=config.groups,
+        backend=backend,
+    )
