@@ -111,10 +111,8 @@ def balanced_bounds(counts: np.ndarray, parts: int) -> list[int]:
     targets = np.arange(1, parts) / parts * weight[-1]
     cuts = np.searchsorted(weight, targets, side="left") + 1
     bounds = [0, *(int(c) for c in cuts), n]
-    for i in range(1, len(bounds)):  # strictly increasing: every part gets a row
-        bounds[i] = max(bounds[i], bounds[i - 1] + 1)
-    for i in range(len(bounds) - 2, 0, -1):
-        bounds[i] = min(bounds[i], bounds[i + 1] - 1)
+    for i in range(1, parts):  # strictly increasing, and room left for the parts after i
+        bounds[i] = min(max(bounds[i], bounds[i - 1] + 1), n - (parts - i))
     return bounds
 
 

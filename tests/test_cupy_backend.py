@@ -1,0 +1,132 @@
+"""GPU-only checks of the CuPy kernels against the NumPy backend and the float64 reference.
+
+Fresh random inputs each time: any f from 1 to 256 (and the cuSOLVER path above), very long
+rows split over blocks, rows without ratings, float64 inputs, out-of-memory errors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import random_ratings, rel_err
+from reference import half_step
+
+from cumf_dask.data.store import Block, coo_to_block
+from cumf_dask.errors import DeviceMemoryError
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def gpu():
+    from cumf_dask.backend import get_backend
+
+    return get_backend("cupy")
+
+
+@pytest.fixture
+def cpu():
+    from cumf_dask.backend import get_backend
+
+    return get_backend("numpy")
+
+
+def _problem(m, n, f, density, seed, **kw):
+    rng = np.random.default_rng(seed)
+    rows, cols, vals = random_ratings(m, n, density, seed, **kw)
+    fixed = (rng.random((n, f)) / np.sqrt(f)).astype(np.float32)
+    return rows, cols, vals, coo_to_block(rows, cols, vals, 0, 0, m, n), fixed
+
+
+def _lower(A):
+    low = np.tril_indices(A.shape[-1])
+    return A[:, low[0], low[1]]
+
+
+@pytest.mark.parametrize("f", [1, 7, 8, 16, 33, 64, 100, 128, 200, 256])
+def test_kernels_match_numpy_backend(gpu, cpu, f):
+    m, n, lam = 150, 400, 0.05
+    seed = int(np.random.default_rng().integers(1 << 30))
+    rows, cols, vals, block, fixed = _problem(m, n, f, 0.08, seed, empty_rows=[3], skew=0.8)
+    counts = np.bincount(rows, minlength=m)
+    A, B = (gpu.to_host(a) for a in gpu.hermitian(gpu.block_to_device(block), gpu.asarray(fixed)))
+    A0, B0 = cpu.hermitian(block, fixed)
+    assert rel_err(_lower(A), _lower(A0)) < 1e-5, seed
+    assert rel_err(B, B0) < 1e-5, seed
+    X = gpu.to_host(gpu.solve(gpu.asarray(A0), gpu.asarray(B0), gpu.asarray(counts), lam))
+    assert rel_err(X, cpu.solve(A0, B0, counts, lam)) < 1e-4, seed
+    X = gpu.to_host(gpu.update(gpu.block_to_device(block), gpu.asarray(fixed),
+                               gpu.asarray(counts), lam))  # fmt: skip
+    ref = half_step(rows, cols, vals.astype(np.float64), m, fixed.astype(np.float64), lam)
+    assert np.isfinite(X).all() and (X[3] == 0).all()
+    assert rel_err(X, ref) < 1e-4, seed
+
+
+@pytest.mark.parametrize("long_row", [None, 1000, 37])
+def test_long_rows_are_split_and_summed(cpu, long_row):
+    """An item with 100k ratings among short rows: same result split or whole."""
+    from cumf_dask.backend.cupy_backend import CupyBackend
+
+    gpu = CupyBackend(long_row=long_row)
+    rng = np.random.default_rng()
+    m, n, f, lam = 40, 120_000, 32, 0.1
+    heavy = rng.choice(n, 100_000, replace=False)
+    rows, cols, vals = random_ratings(m, n, 0.0005, int(rng.integers(1 << 30)))
+    rows = np.concatenate([rows, np.full(heavy.size, 5)])
+    cols = np.concatenate([cols, heavy])
+    vals = np.concatenate([vals, rng.uniform(1, 5, heavy.size).astype(np.float32)])
+    keep = np.unique(rows * n + cols, return_index=True)[1]
+    rows, cols, vals = rows[keep], cols[keep], vals[keep]
+    block = coo_to_block(rows, cols, vals, 0, 0, m, n)
+    fixed = (rng.random((n, f)) / np.sqrt(f)).astype(np.float32)
+    counts = np.bincount(rows, minlength=m)
+    dev = gpu.block_to_device(block)
+    A, B = (gpu.to_host(a) for a in gpu.hermitian(dev, gpu.asarray(fixed)))
+    A0, B0 = cpu.hermitian(block, fixed)
+    assert rel_err(_lower(A), _lower(A0)) < 1e-5
+    assert rel_err(B, B0) < 1e-5
+    X = gpu.to_host(gpu.update(dev, gpu.asarray(fixed), gpu.asarray(counts), lam))
+    assert rel_err(X, cpu.update(block, fixed, counts, lam)) < 1e-4
+
+
+def test_above_256_uses_cusolver(gpu):
+    m, n, f, lam = 30, 500, 300, 0.05
+    rows, cols, vals, block, fixed = _problem(m, n, f, 0.5, 11, empty_rows=[0])
+    counts = np.bincount(rows, minlength=m)
+    X = gpu.to_host(gpu.update(gpu.block_to_device(block), gpu.asarray(fixed),
+                               gpu.asarray(counts), lam))  # fmt: skip
+    ref = half_step(rows, cols, vals.astype(np.float64), m, fixed.astype(np.float64), lam)
+    assert (X[0] == 0).all()
+    assert rel_err(X, ref) < 1e-4
+
+
+def test_float64_inputs_and_reference(gpu):
+    """float64 arrays are accepted (computed in float32) and agree with the float64 reference."""
+    m, n, f, lam = 200, 150, 24, 0.02
+    rows, cols, vals, block, fixed = _problem(m, n, f, 0.1, 12)
+    fixed64 = fixed.astype(np.float64)
+    counts = np.bincount(rows, minlength=m)
+    X = gpu.to_host(gpu.update(gpu.block_to_device(block), gpu.asarray(fixed64),
+                               gpu.asarray(counts), lam))  # fmt: skip
+    ref = half_step(rows, cols, vals.astype(np.float64), m, fixed64, lam)
+    assert X.dtype == np.float32
+    assert rel_err(X, ref) < 1e-5
+
+
+def test_rows_without_counts_or_ratings_are_zero(gpu):
+    m, n, f = 50, 60, 10
+    rows, _, _, block, fixed = _problem(m, n, f, 0.2, 13, empty_rows=[1, 2])
+    counts = np.bincount(rows, minlength=m)
+    counts[[4, 5]] = 0  # rated, but told to keep a zero factor
+    X = gpu.to_host(gpu.update(gpu.block_to_device(block), gpu.asarray(fixed),
+                               gpu.asarray(counts), 0.1))  # fmt: skip
+    assert (X[[1, 2, 4, 5]] == 0).all()
+    assert np.isfinite(X).all() and (np.abs(X[6:]).sum(axis=1) > 0).all()
+
+
+def test_out_of_memory_is_a_device_memory_error(gpu):
+    n_rows = 20_000_000  # A would need 20M x 256 x 256 x 4 bytes = 5 TB
+    block = Block(np.zeros(n_rows + 1, np.int64), np.zeros(0, np.int32),
+                  np.zeros(0, np.float32), 0, 0, n_rows, 10)  # fmt: skip
+    with pytest.raises(DeviceMemoryError, match="plan smaller batches"):
+        gpu.hermitian(gpu.block_to_device(block), gpu.asarray(np.ones((10, 256), np.float32)))

@@ -1,0 +1,432 @@
+"""Ingestion: every format round-trips in the user's ids; bad input fails cleanly."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import os
+
+import fsspec
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import scipy.sparse as sp
+
+from cumf_dask.config import DataConfig, IngestConfig
+from cumf_dask.data.ingest import (
+    FORMATS,
+    ingest_arrays,
+    ingest_dataframe,
+    ingest_file,
+    ingest_from_config,
+    ingest_scipy,
+)
+from cumf_dask.data.store import RatingsStore
+from cumf_dask.errors import IngestError, StoreError
+
+
+def make_ratings(seed, k=60, users=12, items=9, ids="str", stars=False):
+    """k distinct (user, item, rating) records; ids are strings or sparse integers."""
+    rng = np.random.default_rng(seed)
+    flat = rng.choice(users * items, k, replace=False)
+    if ids == "str":
+        user_ids = [f"u{x}-{rng.integers(100)}" for x in range(users)]
+        item_ids = [f"item {x}" for x in range(items)]
+    else:
+        user_ids = rng.choice(10**9, users, replace=False).tolist()
+        item_ids = rng.choice(10**6, items, replace=False).tolist()
+    vals = rng.integers(1, 6, k) if stars else rng.integers(1, 11, k) / 2
+    return [
+        (user_ids[f // items], item_ids[f % items], float(v))
+        for f, v in zip(flat.tolist(), vals.tolist(), strict=True)
+    ]
+
+
+def contents(store):
+    """{(user id, item id): rating} of the training and test sets, in the user's ids."""
+    rows, cols = store.ids("rows"), store.ids("cols")
+    rows = None if rows is None else rows.tolist()
+    cols = None if cols is None else cols.tolist()
+    out = {}
+    for kind in ("row", "test") if store.has_test else ("row",):
+        for r, c, v in zip(*(a.tolist() for a in store.read_coo(kind)), strict=True):
+            out[(r if rows is None else rows[r], c if cols is None else cols[c])] = v
+    return out
+
+
+def expected(records):
+    return {(u, i): r for u, i, r in records}
+
+
+def write(path, lines, opener=open):
+    with opener(path, "wt") as fh:
+        fh.write("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def assert_nothing_at(url):
+    assert not os.path.exists(url)
+    assert not os.path.exists(f"{url}.partial")
+
+
+# ----------------------------------------------------------------------------- formats
+
+# name: (format, extra options, line template, header line, id kind)
+TEXT_CASES = {
+    "csv": ("csv", {}, "{u},{i},{r},881250949", "user,item,rating,ts", "str"),
+    "tsv": ("tsv", {}, "{u}\t{i}\t{r}", None, "str"),
+    "pipe": ("delimited", {"delimiter": "|"}, "{u}|{i}|{r}", None, "str"),
+    "double-colon": ("delimited", {"delimiter": "::"}, "{u}::{i}::{r}", None, "str"),
+    "whitespace": ("delimited", {}, "  {u}   {i}\t{r} ", None, "int"),
+    "movielens-100k": ("movielens-100k", {}, "{u}\t{i}\t{r:g}\t881250949", None, "int"),
+    "movielens-1m": ("movielens-1m", {}, "{u}::{i}::{r:g}::978300760", None, "int"),
+    "movielens-csv": (
+        "movielens-csv", {}, "{u},{i},{r},1112486027", "userId,movieId,rating,timestamp", "int"
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(TEXT_CASES))
+def test_text_formats_round_trip(tmp_path, case):
+    fmt, options, template, header, ids = TEXT_CASES[case]
+    records = make_ratings(list(TEXT_CASES).index(case), ids=ids)
+    lines = [template.format(u=u, i=i, r=r) for u, i, r in records]
+    path = write(tmp_path / "ratings.txt", [header, *lines] if header else lines)
+    store = ingest_file(path, tmp_path / "s.zarr", fmt, **options)
+    assert contents(store) == expected(records)
+    assert (store.m, store.n, store.nnz) == (12, 9, 60)
+    assert store.source["format"] == fmt
+    if ids == "int":
+        assert store.ids("rows").dtype.kind == store.ids("cols").dtype.kind == "i"
+    # ids are numbered in order of first appearance
+    assert store.ids("rows").tolist()[0] == records[0][0]
+
+
+def write_netflix(path, records):
+    lines = []
+    for movie in dict.fromkeys(i for _, i, _ in records):
+        lines.append(f"{movie}:")
+        lines += [f"{u},{int(r)},2005-09-06" for u, i, r in records if i == movie]
+    return write(path, lines)
+
+
+def test_netflix_round_trip_chunked(tmp_path):
+    records = make_ratings(1, ids="int", stars=True)
+    path = write_netflix(tmp_path / "combined_data_1.txt", records)
+    one = ingest_file(path, tmp_path / "a.zarr", "netflix")
+    small = ingest_file(path, tmp_path / "b.zarr", "netflix", chunk_rows=4)
+    assert contents(one) == contents(small) == expected(records)
+    assert one.ids("cols").dtype.kind == "i"
+
+
+def test_netflix_glob_of_files_and_cross_file_duplicate(tmp_path):
+    records = make_ratings(2, ids="int", stars=True)
+    write_netflix(tmp_path / "mv_0000001.txt", records[:30])
+    write_netflix(tmp_path / "mv_0000002.txt", records[30:])
+    store = ingest_file(str(tmp_path / "mv_*.txt"), tmp_path / "s.zarr", "netflix")
+    assert contents(store) == expected(records)
+    write_netflix(tmp_path / "mv_0000003.txt", records[:1])
+    with pytest.raises(IngestError) as info:
+        ingest_file(str(tmp_path / "mv_*.txt"), tmp_path / "t.zarr", "netflix")
+    assert "mv_0000001.txt, line 2" in str(info.value)
+    assert "mv_0000003.txt, line 2" in str(info.value)
+    assert_nothing_at(tmp_path / "t.zarr")
+
+
+def test_netflix_rating_before_movie_line(tmp_path):
+    path = write(tmp_path / "n.txt", ["5,3,2005-01-01", "1:", "6,4,2005-01-01"])
+    with pytest.raises(IngestError, match=r"n\.txt, line 1: a rating line before"):
+        ingest_file(path, tmp_path / "s.zarr", "netflix")
+
+
+def test_parquet_round_trip_by_name_and_position(tmp_path):
+    records = make_ratings(3)
+    users, items, vals = zip(*records, strict=True)
+    table = pa.table(
+        {
+            "extra": np.arange(len(records)),
+            "uid": list(users),
+            "iid": [len(i) * 1000 + int(i.split()[1]) for i in items],
+            "stars": np.array(vals, np.float32),
+        }
+    )
+    pq.write_table(table, tmp_path / "r.parquet", row_group_size=16)
+    want = {(u, len(i) * 1000 + int(i.split()[1])): r for u, i, r in records}
+    by_name = ingest_file(
+        tmp_path / "r.parquet", tmp_path / "a.zarr", "parquet", columns=["uid", "iid", "stars"],
+        chunk_rows=10,
+    )  # fmt: skip
+    by_pos = ingest_file(tmp_path / "r.parquet", tmp_path / "b.zarr", "parquet", columns=[1, 2, 3])
+    assert contents(by_name) == contents(by_pos) == want
+    assert by_name.ids("cols").dtype.kind == "i"
+
+
+def test_parquet_bad_rating_names_row(tmp_path):
+    table = pa.table({"u": [1, 2, 3], "i": [4, 5, 6], "r": [1.0, float("nan"), 2.0]})
+    pq.write_table(table, tmp_path / "r.parquet")
+    with pytest.raises(IngestError, match=r"r\.parquet, row 2: rating nan is not a finite"):
+        ingest_file(tmp_path / "r.parquet", tmp_path / "s.zarr", "parquet")
+    assert_nothing_at(tmp_path / "s.zarr")
+
+
+def test_not_parquet(tmp_path):
+    path = write(tmp_path / "r.parquet", ["1,2,3"])
+    with pytest.raises(IngestError, match="cannot read it as Parquet"):
+        ingest_file(path, tmp_path / "s.zarr", "parquet")
+
+
+@pytest.mark.parametrize("suffix, opener", [(".gz", gzip.open), (".bz2", bz2.open)])
+def test_compressed_input(tmp_path, suffix, opener):
+    records = make_ratings(4)
+    path = write(tmp_path / f"r.csv{suffix}", [f"{u},{i},{r}" for u, i, r in records], opener)
+    assert contents(ingest_file(path, tmp_path / "s.zarr")) == expected(records)
+
+
+def test_fsspec_url(tmp_path):
+    records = make_ratings(5)
+    fs = fsspec.filesystem("memory")
+    target = f"/{tmp_path.name}/ratings.csv"
+    fs.pipe(target, "".join(f"{u},{i},{r}\n" for u, i, r in records).encode())
+    try:
+        store = ingest_file(f"memory://{target}", tmp_path / "s.zarr")
+    finally:
+        fs.rm(target)
+    assert contents(store) == expected(records)
+
+
+def test_columns_header_and_delimiter_choices(tmp_path):
+    records = make_ratings(6)
+    named = write(
+        tmp_path / "a.csv", ["ts,item,user,score"] + [f"7,{i},{u},{r}" for u, i, r in records]
+    )
+    store = ingest_file(named, tmp_path / "a.zarr", columns=["user", "item", "score"])
+    assert contents(store) == expected(records)
+    plain = write(tmp_path / "b.txt", [f"{r};{u};{i}" for u, i, r in records])
+    store = ingest_file(
+        plain, tmp_path / "b.zarr", "delimited", delimiter=";", header=False, columns=[1, 2, 0]
+    )
+    assert contents(store) == expected(records)
+    with pytest.raises(IngestError, match="no column named 'rating'"):
+        ingest_file(named, tmp_path / "c.zarr", columns=["user", "item", "rating"])
+    with pytest.raises(IngestError, match="no header"):
+        ingest_file(plain, tmp_path / "c.zarr", "tsv", header=False, columns=["a", "b", "c"])
+    with pytest.raises(IngestError, match="no column 1: the input has 1 column"):
+        ingest_file(plain, tmp_path / "c.zarr", "csv")  # wrong delimiter
+    assert_nothing_at(tmp_path / "c.zarr")
+
+
+def test_text_ids_stay_strings_unless_plain_integers(tmp_path):
+    path = write(tmp_path / "r.csv", ["007,1,4", "8,2,3", "9,01,5"])
+    store = ingest_file(path, tmp_path / "s.zarr")
+    assert store.ids("rows").tolist() == ["007", "8", "9"]
+    assert store.ids("cols").tolist() == ["1", "2", "01"]
+    path = write(tmp_path / "q.csv", ["17,-3,4", "5,2,3"])
+    store = ingest_file(path, tmp_path / "q.zarr")
+    assert store.ids("rows").tolist() == [17, 5]
+    assert store.ids("cols").tolist() == [-3, 2]
+
+
+# ----------------------------------------------------------------------------- in memory
+
+
+def test_arrays_map_ids_and_declared_shape(tmp_path):
+    records = make_ratings(7, ids="int")
+    users, items, vals = (np.array(x) for x in zip(*records, strict=True))
+    mapped = ingest_arrays(tmp_path / "a.zarr", users, items, vals, chunk_rows=7)
+    assert contents(mapped) == expected(records)
+    assert mapped.ids("rows").dtype.kind == "i"
+    rng = np.random.default_rng(7)
+    rows, cols = rng.permutation(40)[:20] % 5, rng.permutation(20) % 8
+    flat = np.unique(rows * 8 + cols)
+    dense = ingest_arrays(tmp_path / "b.zarr", flat // 8, flat % 8, flat % 5 + 1.5, shape=(6, 9))
+    assert dense.ids("rows") is None and dense.ids("cols") is None
+    assert (dense.m, dense.n) == (6, 9)
+    assert contents(dense) == {(f // 8, f % 8): f % 5 + 1.5 for f in flat.tolist()}
+
+
+def test_dataframe_and_scipy(tmp_path):
+    records = make_ratings(8)
+    df = pd.DataFrame(records, columns=["who", "what", "stars"])
+    store = ingest_dataframe(df, tmp_path / "a.zarr", "who", "what", "stars")
+    assert contents(store) == expected(records)
+    assert store.source == {"kind": "dataframe", "columns": ["who", "what", "stars"]}
+    with pytest.raises(IngestError, match="no column 'user'"):
+        ingest_dataframe(df, tmp_path / "b.zarr")
+    matrix = sp.random(
+        15, 11, density=0.3, format="csr", random_state=8, data_rvs=lambda k: np.arange(1, k + 1)
+    )
+    store = ingest_scipy(matrix, tmp_path / "c.zarr")
+    coo = matrix.tocoo()
+    assert (store.m, store.n) == (15, 11)
+    assert store.ids("rows") is None
+    assert contents(store) == dict(zip(zip(*coo.coords, strict=True), coo.data, strict=True))
+
+
+def test_arrays_errors(tmp_path):
+    with pytest.raises(IngestError, match="one length"):
+        ingest_arrays(tmp_path / "a.zarr", [1, 2], [1], [3.0, 4.0])
+    with pytest.raises(IngestError, match=r"record 1: rating inf is not a finite"):
+        ingest_arrays(tmp_path / "a.zarr", [1, 2], [1, 2], [3.0, np.inf])
+    with pytest.raises(IngestError, match=r"record 1: item id 4 is not an integer in \[0, 4\)"):
+        ingest_arrays(tmp_path / "a.zarr", [0, 1], [1, 4], [3.0, 2.0], shape=(2, 4))
+    with pytest.raises(IngestError, match=r"user 'b', item 'x' \(records 1 and 2\)"):
+        ingest_arrays(tmp_path / "a.zarr", ["a", "b", "b"], ["x", "x", "x"], [1.0, 2.0, 3.0])
+    with pytest.raises(IngestError, match=r"scipy\.sparse"):
+        ingest_scipy(np.ones((2, 2)), tmp_path / "a.zarr")
+    assert_nothing_at(tmp_path / "a.zarr")
+
+
+# ----------------------------------------------------------------------------- shape, duplicates
+
+
+def test_declared_shape_uses_ids_as_indices(tmp_path):
+    path = write(tmp_path / "r.csv", ["3,0,4.5", "0,7,2", "9,2,1"])
+    store = ingest_file(path, tmp_path / "s.zarr", m=10, n=8)
+    assert (store.m, store.n) == (10, 8)
+    assert store.ids("rows") is None and store.ids("cols") is None
+    assert contents(store) == {(3, 0): 4.5, (0, 7): 2.0, (9, 2): 1.0}
+    half = ingest_file(path, tmp_path / "h.zarr", m=10)  # items mapped, users not
+    assert half.ids("rows") is None and half.ids("cols").tolist() == [0, 7, 2]
+
+
+@pytest.mark.parametrize("policy, value", [("last", 3.5), ("mean", (2 + 5 + 3.5) / 3)])
+def test_duplicate_policies(tmp_path, policy, value):
+    path = write(tmp_path / "r.csv", ["a,x,2", "b,x,1", "a,x,5", "a,x,3.5"])
+    store = ingest_file(path, tmp_path / "s.zarr", duplicates=policy, chunk_rows=2)
+    assert contents(store) == {("a", "x"): pytest.approx(value), ("b", "x"): 1.0}
+
+
+# ----------------------------------------------------------------------------- split, chunks
+
+
+def test_split_deterministic_and_independent_of_chunking(tmp_path):
+    records = make_ratings(9, k=400, users=40, items=30)
+    path = write(tmp_path / "r.csv", [f"{u},{i},{r}" for u, i, r in records])
+
+    def split(name, seed, chunk_rows):
+        store = ingest_file(
+            path, tmp_path / name, test_fraction=0.25, split_seed=seed, chunk_rows=chunk_rows
+        )
+        rows, cols = store.ids("rows").tolist(), store.ids("cols").tolist()
+        r, c, _ = store.read_coo("test")
+        return store, {(rows[a], cols[b]) for a, b in zip(r.tolist(), c.tolist(), strict=True)}
+
+    store, test = split("a.zarr", 3, 1_000_000)
+    _, same = split("b.zarr", 3, 7)
+    _, other = split("c.zarr", 4, 1_000_000)
+    assert test == same != other
+    assert 60 <= len(test) <= 140 and store.nnz + store.nnz_test == 400
+    assert contents(store) == expected(records)
+
+
+def test_small_chunks_build_the_same_store(tmp_path):
+    records = make_ratings(10)
+    path = write(tmp_path / "r.csv", ["u,i,r"] + [f"{u},{i},{r}" for u, i, r in records] + [""])
+    one = ingest_file(path, tmp_path / "a.zarr")
+    many = ingest_file(path, tmp_path / "b.zarr", chunk_rows=7)
+    for kind in ("row", "col"):
+        for a, b in zip(one.read_coo(kind), many.read_coo(kind), strict=True):
+            np.testing.assert_array_equal(a, b)
+    for axis in ("rows", "cols"):
+        np.testing.assert_array_equal(one.ids(axis), many.ids(axis))
+    assert one.attrs["stats"] == many.attrs["stats"]
+
+
+def test_progress_reports_bytes(tmp_path):
+    records = make_ratings(11)
+    path = write(tmp_path / "r.csv", [f"{u},{i},{r}" for u, i, r in records])
+    calls = []
+    ingest_file(path, tmp_path / "s.zarr", chunk_rows=5, progress=lambda *a: calls.append(a))
+    reads = [c for c in calls if c[0] == "read"]
+    size = os.path.getsize(path)
+    assert len(reads) == 12
+    assert [d for _, d, _ in reads] == sorted(d for _, d, _ in reads)
+    assert reads[-1] == ("read", size, size)
+    assert calls[-1][0] == "bands" and calls[-1][1] == calls[-1][2]
+
+
+def test_from_config(tmp_path):
+    records = make_ratings(12, ids="int")
+    path = write(tmp_path / "u.data", [f"{u}\t{i}\t{r:g}\t1" for u, i, r in records])
+    cfg = DataConfig(
+        store=str(tmp_path / "s.zarr"), test_fraction=0.2, split_seed=1,
+        ingest=IngestConfig(path=path, format="movielens-100k"),
+    )  # fmt: skip
+    store = ingest_from_config(cfg)
+    assert store.url == cfg.store and store.nnz_test > 0
+    assert contents(store) == expected(records)
+    with pytest.raises(IngestError, match=r"ingest\.path is empty"):
+        ingest_from_config(DataConfig())
+
+
+# ----------------------------------------------------------------------------- bad input
+
+GOOD = [f"u{k},i{k % 5},{k % 4 + 1}" for k in range(8)]
+BAD_TEXT = {
+    "too many fields": ([*GOOD, "a,b,3,4"], 9, "4 fields where lines have 3", {}),
+    "too few fields": ([*GOOD, "a,b"], 9, "a field is missing", {}),
+    "not a number": ([*GOOD, "a,b,good"], 9, "rating 'good' is not a finite number", {}),
+    "nan": ([*GOOD, "a,b,NaN"], 9, "rating 'NaN' is not a finite number", {}),
+    "inf": ([*GOOD, "a,b,-inf"], 9, "rating '-inf' is not a finite number", {}),
+    "blank lines count": ([*GOOD[:2], "", "a,b,x"], 4, "rating 'x'", {}),
+    "empty file": ([], 1, "the file is empty", {}),
+    "out of range": (["1,2,3", "0,0,1", "4,1,2"], 3, "user id '4' is not an integer in [0, 4)",
+                     {"m": 4, "n": 3}),
+    "not an integer": (["1,2,3", "0,1.5,1"], 2, "item id '1.5' is not an integer", {"n": 3}),
+    "duplicate": ([*GOOD, "u3,i3,1"], "lines 4 and 9", "user 'u3', item 'i3'", {}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_TEXT))
+@pytest.mark.parametrize("chunk_rows", [3, 1000])
+def test_bad_text_input(tmp_path, case, chunk_rows):
+    lines, line, words, kwargs = BAD_TEXT[case]
+    path = write(tmp_path / "bad.csv", lines) if lines else str(tmp_path / "bad.csv")
+    if not lines:
+        open(path, "w").close()
+    url = tmp_path / "s.zarr"
+    with pytest.raises(IngestError) as info:
+        ingest_file(path, url, chunk_rows=chunk_rows, **kwargs)
+    message = str(info.value)
+    where = f"line {line}" if isinstance(line, int) else line
+    assert f"bad.csv, {where}" in message and words in message
+    assert_nothing_at(url)
+
+
+def test_header_only_and_missing_file(tmp_path):
+    path = write(tmp_path / "h.csv", ["user,item,rating"])
+    with pytest.raises(IngestError, match="no ratings found"):
+        ingest_file(path, tmp_path / "s.zarr")
+    with pytest.raises(IngestError, match=r"nope\.csv: no such file"):
+        ingest_file(tmp_path / "nope.csv", tmp_path / "s.zarr")
+    with pytest.raises(IngestError, match="no file matches"):
+        ingest_file(str(tmp_path / "*.nope"), tmp_path / "s.zarr")
+    with pytest.raises(IngestError, match="unknown format 'xls'"):
+        ingest_file(path, tmp_path / "s.zarr", "xls")
+    assert_nothing_at(tmp_path / "s.zarr")
+
+
+def test_existing_store_survives_bad_input(tmp_path):
+    records = make_ratings(13)
+    good = write(tmp_path / "good.csv", [f"{u},{i},{r}" for u, i, r in records])
+    url = tmp_path / "s.zarr"
+    before = contents(ingest_file(good, url))
+    with pytest.raises(StoreError, match="already exists"):
+        ingest_file(good, url)
+    bad = write(tmp_path / "bad.csv", [f"{u},{i},{r}" for u, i, r in records] + ["x,y,z"])
+    with pytest.raises(IngestError, match=r"bad\.csv, line 61"):
+        ingest_file(bad, url, overwrite=True)
+    dup = write(tmp_path / "dup.csv", [f"{u},{i},{r}" for u, i, r in records * 2])
+    with pytest.raises(IngestError, match=r"dup\.csv, lines 1 and 61"):
+        ingest_file(dup, url, overwrite=True)
+    assert contents(RatingsStore.open(url)) == before
+    assert not os.path.exists(f"{url}.partial")
+
+
+def test_formats_are_described():
+    assert set(FORMATS) == {
+        "csv", "tsv", "delimited", "movielens-100k", "movielens-1m", "movielens-csv",
+        "netflix", "parquet",
+    }  # fmt: skip

@@ -1,0 +1,113 @@
+"""The estimator's API: resume, predict, rmse, recommend, save/load, Dask arrays, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import random_ratings
+from distributed import Client, LocalCluster
+
+from cumf_dask.data.builder import build_store
+from cumf_dask.errors import ConfigError, StoreError
+from cumf_dask.model import ALS
+
+M, N = 70, 40
+
+
+@pytest.fixture(scope="module")
+def client():
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                     dashboard_address=None) as cluster,
+        Client(cluster) as c,
+    ):  # fmt: skip
+        yield c
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    rows, cols, vals = random_ratings(M, N, 0.2, seed=21)
+    path = tmp_path_factory.mktemp("model") / "r.zarr"
+    return build_store(str(path), rows, cols, vals, shape=(M, N), test_fraction=0.2, split_seed=3)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_resume_after_interruption_matches_uninterrupted(store, client, tmp_path):
+    full = ALS(5, 0.05, 4, backend="numpy").fit(store, client=client)
+
+    def stop_after_two(record):
+        if record["iteration"] == 2:
+            raise Interrupt
+
+    ckpt = str(tmp_path / "ckpt")
+    with pytest.raises(Interrupt):
+        ALS(5, 0.05, 4, backend="numpy", checkpoint_dir=ckpt,
+            callbacks=[stop_after_two]).fit(store, client=client)  # fmt: skip
+    resumed = ALS(5, 0.05, 4, backend="numpy", checkpoint_dir=ckpt)
+    resumed.fit(store, client=client, resume=True)
+    assert [r["iteration"] for r in resumed.metrics_] == [1, 2, 3, 4]
+    np.testing.assert_allclose(resumed.user_factors_, full.user_factors_, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(resumed.item_factors_, full.item_factors_, rtol=1e-5, atol=1e-6)
+
+
+def test_interrupted_checkpoint_write_keeps_previous(store, client, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ALS(4, 0.05, 2, backend="numpy", checkpoint_dir=str(ckpt)).fit(store, client=client)
+    (ckpt / ".tmp-iter-00003-deadbeef").mkdir()  # what a crash mid-write leaves behind
+    model = ALS(4, 0.05, 2, backend="numpy", checkpoint_dir=str(ckpt))
+    model.fit(store, client=client, resume=True)
+    assert [r["iteration"] for r in model.metrics_] == [1, 2]
+
+
+def test_resume_with_other_shape_is_refused(store, client, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    ALS(4, 0.05, 1, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client)
+    with pytest.raises(StoreError, match="checkpoint is for"):
+        ALS(6, 0.05, 2, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client,
+                                                                  resume=True)  # fmt: skip
+
+
+def test_predict_rmse_recommend_save_load(store, client, tmp_path):
+    model = ALS(5, 0.05, 3, backend="numpy").fit(store, client=client)
+    X, T = model.factors_as_dask()
+    np.testing.assert_allclose(X.compute(), model.user_factors_)
+    np.testing.assert_allclose(T.compute(), model.item_factors_)
+    users, items = np.array([1, 2, 3]), np.array([4, 5, 6])
+    expected = (model.user_factors_[users] * model.item_factors_[items]).sum(1)
+    np.testing.assert_allclose(model.predict(users, items), expected, rtol=1e-6)
+    assert model.rmse(store) == pytest.approx(model.metrics_[-1]["test_rmse"], rel=1e-5)
+    assert model.rmse(store, kind="train") == pytest.approx(model.metrics_[-1]["train_rmse"],
+                                                            rel=1e-5)  # fmt: skip
+    top, scores = model.recommend([0, 5], k=5)
+    _, seen, _ = store.read_coo("row", (0, 1))
+    assert not set(top[0]) & set(seen.tolist())
+    assert (np.diff(scores, axis=1) <= 0).all()
+    model.save(tmp_path / "model.zarr")
+    loaded = ALS.load(tmp_path / "model.zarr")
+    np.testing.assert_array_equal(loaded.user_factors_, model.user_factors_)
+    np.testing.assert_array_equal(loaded.predict(users, items), model.predict(users, items))
+    assert loaded.metrics_ == model.metrics_
+
+
+def test_fit_on_arrays_without_client():
+    rows, cols, vals = random_ratings(30, 20, 0.3, seed=4)
+    model = ALS(3, 0.1, 2, backend="numpy").fit((rows, cols, vals, (30, 20)))
+    assert model.user_factors_.shape == (30, 3)
+    assert np.isfinite(model.user_factors_).all()
+
+
+def test_bad_input(store, client, tmp_path):
+    with pytest.raises(ConfigError, match="factors"):
+        ALS(0).fit(store, client=client)
+    with pytest.raises(StoreError, match="no rating store"):
+        ALS(2).fit(str(tmp_path / "missing.zarr"), client=client)
+    with pytest.raises(ConfigError, match="not fitted"):
+        ALS(2).predict([0], [0])
+    model = ALS(2, 0.1, 1, backend="numpy").fit(store, client=client)
+    with pytest.raises(ConfigError, match="out of range"):
+        model.predict([M], [0])
+    with pytest.raises(StoreError, match="not a complete"):
+        ALS.load(store.url)

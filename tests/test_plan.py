@@ -1,0 +1,66 @@
+"""The planner follows the paper's memory model and best practices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cumf_dask.config import HalfStepPlan, PlanConfig
+from cumf_dask.errors import PlanError
+from cumf_dask.plan import balanced_bounds, make_plan
+
+GB = 10**9
+
+
+def _plan(m, n, nnz, f, workers, budget, **cfg):
+    rc = np.full(m, nnz // m)
+    cc = np.full(n, nnz // n)
+    return make_plan(m, n, nnz, f, workers, budget, rc, cc, PlanConfig(**cfg))
+
+
+def test_netflix_on_one_big_worker_is_model_parallel():
+    plan = _plan(480_189, 17_770, 99_000_000, 100, 1, 80 * GB)
+    assert plan.x.p == 1 and plan.theta.p == 1
+    assert plan.resident
+
+
+def test_huge_fixed_factor_needs_data_parallelism():
+    # Hugewiki: X (50M x 100 floats = 20 GB) cannot be replicated in 12 GB workers.
+    plan = _plan(50_082_603, 39_780, 3_100_000_000, 100, 4, 12 * GB)
+    assert plan.x.p == 1  # Theta is small
+    assert plan.theta.p > 1  # X must be split (paper: n f / p ~ C / 2)
+    assert plan.theta.peak < 12 * GB
+    assert not plan.resident
+
+
+def test_smallest_q_that_fits():
+    plan = _plan(1_000_000, 1000, 10_000_000, 100, 1, 2 * GB)
+    q = plan.x.q
+    assert q > 1
+    smaller = _plan(1_000_000, 1000, 10_000_000, 100, 1, 2 * GB, x=HalfStepPlan(q=q - 1))
+    assert smaller.x.q == q - 1  # forced values are honoured ...
+    assert plan.x.peak < 2 * GB * 0.9
+
+
+def test_forced_values_and_errors():
+    plan = _plan(1000, 500, 20_000, 8, 2, GB, p=2, q=3)
+    assert (plan.x.p, plan.x.q, plan.theta.p, plan.theta.q) == (2, 3, 2, 3)
+    with pytest.raises(PlanError, match="no partition fits"):
+        _plan(100_000, 100_000, 10**7, 8192, 1, 10**8)  # one row of A is 268 MB
+    with pytest.raises(PlanError, match="plan.groups"):
+        _plan(1000, 500, 20_000, 8, 2, GB, groups=[[0], [0]])
+    with pytest.raises(PlanError, match="resident"):
+        _plan(1_000_000, 1000, 100_000_000, 10, 1, GB, resident=True)
+
+
+def test_table_mentions_both_half_steps():
+    text = _plan(1000, 500, 20_000, 8, 2, GB).table()
+    assert "update X" in text and "update Theta" in text and "peak GB" in text
+
+
+def test_balanced_bounds_cover_and_balance():
+    counts = np.r_[np.full(10, 100), np.ones(990)]
+    bounds = balanced_bounds(counts, 4)
+    assert bounds[0] == 0 and bounds[-1] == 1000 and np.all(np.diff(bounds) > 0)
+    loads = [counts[a:b].sum() for a, b in zip(bounds[:-1], bounds[1:])]
+    assert max(loads) < 0.5 * counts.sum()
