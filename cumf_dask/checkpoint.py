@@ -40,8 +40,8 @@ def write_factors(
         for name, arr in arrays.items():
             if arr is None:
                 continue
-            dtype = str if getattr(arr, "dtype", None) is not None and arr.dtype.kind in "OUS" else arr.dtype
-            chunks = (min(ROW_CHUNK, max(1, arr.shape[0])),) + tuple(arr.shape[1:])
+            dtype = str if arr.dtype.kind in "OUS" else arr.dtype
+            chunks = (min(ROW_CHUNK, max(1, arr.shape[0])), *tuple(arr.shape[1:]))
             target = group.create_array(name, shape=arr.shape, chunks=chunks, dtype=dtype)
             if isinstance(arr, da.Array):
                 pending.append(arr.rechunk(chunks).store(target, lock=False, compute=False))

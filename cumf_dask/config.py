@@ -51,10 +51,11 @@ class IngestConfig:
     """Reading ratings from files (``cumf-dask ingest``)."""
 
     path: str = ""  # input file (local path or fsspec URL)
-    format: str = "csv"  # csv, tsv, delimited, movielens-100k, movielens-1m, movielens-csv, netflix, parquet
+    # csv, tsv, delimited, movielens-100k, movielens-1m, movielens-csv, netflix, parquet
+    format: str = "csv"
     delimiter: str | None = None  # for 'delimited' (and to override csv/tsv)
     header: bool | None = None  # None: guess from the first line
-    columns: list[str | int] | None = None  # user, item, rating columns (names or 0-based positions)
+    columns: list[str | int] | None = None  # user, item, rating: names or 0-based positions
     duplicates: DuplicatePolicy = "error"  # what to do with repeated (user, item) pairs
     m: int | None = None  # declared shape: ids must be integers in [0, m) / [0, n)
     n: int | None = None

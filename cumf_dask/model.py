@@ -17,7 +17,7 @@ from .config import ClusterConfig, PlanConfig, parse_size
 from .data.builder import build_store
 from .data.store import RatingsStore
 from .engine import tasks
-from .engine.cluster import make_client, worker_addresses, worker_memory
+from .engine.cluster import cluster_client, worker_addresses, worker_memory
 from .engine.graph import Factor, SUALSEngine, even_bounds
 from .errors import ConfigError, StoreError
 from .plan import Plan, make_plan
@@ -98,20 +98,17 @@ class ALS:
         self._check_params()
         store, tmp = self._as_store(data)
         backend = resolve_backend_name(self.backend)
-        own_client = client is None
-        if own_client:
-            client = make_client(ClusterConfig(backend=backend, dashboard_address=None))
         try:
-            self._fit(store, client, backend, resume)
-            self._gather()
+            if client is not None:
+                self._fit(store, client, backend, resume)
+                self._gather()
+                return self
+            with cluster_client(ClusterConfig(backend=backend, dashboard_address=None)) as own:
+                self._fit(store, own, backend, resume)
+                self._gather()
+            self._engine = None
+            self._X = self._Theta = None
         finally:
-            if own_client:
-                cluster = client.cluster
-                client.close()
-                if cluster is not None:
-                    cluster.close()
-                self._engine = None
-                self._X = self._Theta = None
             if tmp is not None:
                 tmp.cleanup()
         return self
@@ -211,7 +208,7 @@ class ALS:
             da.from_delayed(
                 self._engine.client.submit(tasks.to_host, fut, backend, pure=False),
                 shape=(hi - lo, factor.f), dtype=np.float32,
-            )  # fmt: skip
+            )
             for lo, hi, fut in factor.pieces
         ]
         return da.concatenate(parts, axis=0)

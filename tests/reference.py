@@ -1,4 +1,4 @@
-"""A plain float64 ALS, one row at a time: the ground truth every plan and backend is checked against.
+"""A plain float64 ALS, one row at a time: the ground truth for every plan and backend.
 
 The math (cuMF paper, eq. 2-3, weighted-lambda regularization)::
 

@@ -31,7 +31,7 @@ def scheduler_file(tmp_path):
             [DASK, "scheduler", "--scheduler-file",
              str(path), "--port", "0", "--dashboard-address", ":0", "--no-show"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
     ]
     try:
         deadline = time.time() + 30
@@ -43,7 +43,7 @@ def scheduler_file(tmp_path):
                  str(path), "--nworkers", "2", "--nthreads", "1", "--memory-limit", "2GB",
                  "--no-dashboard"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            )
         )
         yield str(path)
     finally:

@@ -171,6 +171,13 @@ def test_parquet_bad_rating_names_row(tmp_path):
     assert_nothing_at(tmp_path / "s.zarr")
 
 
+def test_parquet_missing_id_names_row(tmp_path):
+    pq.write_table(pa.table({"u": ["a", None], "i": [4, 5], "r": [1.0, 2.0]}), tmp_path / "r.pq")
+    with pytest.raises(IngestError, match=r"r\.pq, row 2: the user id is missing"):
+        ingest_file(tmp_path / "r.pq", tmp_path / "s.zarr", "parquet")
+    assert_nothing_at(tmp_path / "s.zarr")
+
+
 def test_not_parquet(tmp_path):
     path = write(tmp_path / "r.parquet", ["1,2,3"])
     with pytest.raises(IngestError, match="cannot read it as Parquet"):
@@ -375,6 +382,7 @@ BAD_TEXT = {
     "out of range": (["1,2,3", "0,0,1", "4,1,2"], 3, "user id '4' is not an integer in [0, 4)",
                      {"m": 4, "n": 3}),
     "not an integer": (["1,2,3", "0,1.5,1"], 2, "item id '1.5' is not an integer", {"n": 3}),
+    "not a number id": (["1,2,3", "x,1,1"], 2, "user id 'x' is not an integer", {"m": 3}),
     "duplicate": ([*GOOD, "u3,i3,1"], "lines 4 and 9", "user 'u3', item 'i3'", {}),
 }  # fmt: skip
 
@@ -383,9 +391,7 @@ BAD_TEXT = {
 @pytest.mark.parametrize("chunk_rows", [3, 1000])
 def test_bad_text_input(tmp_path, case, chunk_rows):
     lines, line, words, kwargs = BAD_TEXT[case]
-    path = write(tmp_path / "bad.csv", lines) if lines else str(tmp_path / "bad.csv")
-    if not lines:
-        open(path, "w").close()
+    path = write(tmp_path / "bad.csv", lines)
     url = tmp_path / "s.zarr"
     with pytest.raises(IngestError) as info:
         ingest_file(path, url, chunk_rows=chunk_rows, **kwargs)
@@ -395,10 +401,16 @@ def test_bad_text_input(tmp_path, case, chunk_rows):
     assert_nothing_at(url)
 
 
-def test_header_only_and_missing_file(tmp_path):
+def test_bad_options_and_missing_files(tmp_path):
     path = write(tmp_path / "h.csv", ["user,item,rating"])
     with pytest.raises(IngestError, match="no ratings found"):
         ingest_file(path, tmp_path / "s.zarr")
+    with pytest.raises(IngestError, match="'netflix' is fixed: drop delimiter"):
+        ingest_file(path, tmp_path / "s.zarr", "netflix", delimiter=";")
+    with pytest.raises(IngestError, match="'parquet' takes no delimiter or header"):
+        ingest_file(path, tmp_path / "s.zarr", "parquet", header=True)
+    with pytest.raises(IngestError, match="three columns"):
+        ingest_file(path, tmp_path / "s.zarr", columns=["user", "item"])
     with pytest.raises(IngestError, match=r"nope\.csv: no such file"):
         ingest_file(tmp_path / "nope.csv", tmp_path / "s.zarr")
     with pytest.raises(IngestError, match="no file matches"):

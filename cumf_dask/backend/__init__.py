@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from ..compat import has_cuda
 from .base import Backend
@@ -19,7 +19,7 @@ def resolve_backend_name(name: str = "auto") -> str:
     return name
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_backend(name: str = "auto") -> Backend:
     """The backend object for a name (one per process)."""
     resolved = resolve_backend_name(name)

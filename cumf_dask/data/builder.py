@@ -62,7 +62,7 @@ def init_store(
     path = Path(url)
     if "://" not in url and path.exists():
         if not overwrite:
-            raise StoreError(f"{url}: already exists; pass overwrite=True (--overwrite) to replace it")
+            raise StoreError(f"{url}: already exists; pass overwrite=True (--overwrite) to replace")
         shutil.rmtree(path)
     if m <= 0 or n <= 0:
         raise IngestError(f"{url}: the matrix would be empty ({m} x {n}); there are no ratings")
@@ -304,7 +304,7 @@ class StoreBuilder:
         if duplicates not in ("error", "last", "mean"):
             raise IngestError(f"duplicates must be 'error', 'last' or 'mean', got {duplicates!r}")
         if "://" not in url and Path(url).exists() and not overwrite:
-            raise StoreError(f"{url}: already exists; pass overwrite=True (--overwrite) to replace it")
+            raise StoreError(f"{url}: already exists; pass overwrite=True (--overwrite) to replace")
         self.url = str(url)
         self.m, self.n = m, n
         if tile_rows is None:

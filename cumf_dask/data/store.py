@@ -325,7 +325,13 @@ class RatingsStore:
 
 
 def coo_to_block(
-    row: np.ndarray, col: np.ndarray, val: np.ndarray, row0: int, col0: int, n_rows: int, n_cols: int
+    row: np.ndarray,
+    col: np.ndarray,
+    val: np.ndarray,
+    row0: int,
+    col0: int,
+    n_rows: int,
+    n_cols: int,
 ) -> Block:
     """CSR from local COO (row in [0, n_rows)); entries of a row keep their column order."""
     order = np.argsort(row, kind="stable")

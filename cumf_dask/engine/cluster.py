@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from distributed import Client, WorkerPlugin
@@ -69,6 +71,19 @@ def make_client(config: ClusterConfig | None = None) -> Client:
     return client
 
 
+@contextmanager
+def cluster_client(config: ClusterConfig | None = None) -> Iterator[Client]:
+    """make_client as a context: the client and any cluster it started are closed after."""
+    client = make_client(config)
+    try:
+        yield client
+    finally:
+        cluster = client.cluster
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
 def _cuda_cluster(config: ClusterConfig) -> Any:
     if not has_module("dask_cuda"):
         raise ConfigError(
@@ -123,5 +138,5 @@ def worker_memory(client: Client, backend: str) -> int:
 def _gpu_total_memory() -> int:
     import cupy
 
-    free, total = cupy.cuda.runtime.memGetInfo()
+    _free, total = cupy.cuda.runtime.memGetInfo()
     return int(total)

@@ -17,6 +17,7 @@ computing batch j+1 overlaps batch j on every worker.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import uuid
 from dataclasses import dataclass, field
@@ -155,7 +156,8 @@ class SUALSEngine:
     def half_step(self, side: str, fixed: Factor, it: int) -> Factor:
         """Solve every row of one factor from the other (see module doc); waits for the result."""
         h = self.plan.half(side)
-        pieces = self._model_parallel(h, fixed, it) if h.p == 1 else self._data_parallel(h, fixed, it)
+        build = self._model_parallel if h.p == 1 else self._data_parallel
+        pieces = build(h, fixed, it)
         wait([fut for _, _, fut in pieces])
         for _, _, fut in pieces:
             if fut.status == "error":
@@ -181,7 +183,7 @@ class SUALSEngine:
         for j in range(h.q):
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             cuts = even_bounds(hi - lo, 1 if one else h.p)
-            slices = list(zip(cuts[:-1], cuts[1:], strict=True))
+            slices = list(itertools.pairwise(cuts))
             partials: dict[int, list[Future]] = {k: [] for k in range(len(slices))}
             for i in range(h.p):
                 worker = self.worker_of(h, i, j)
@@ -196,7 +198,7 @@ class SUALSEngine:
                             operator.getitem, herm, k,
                             key=f"slice-{h.label}-batch{j}-part{i}-slice{k}-it{it}",
                             worker=worker,
-                        )  # fmt: skip
+                        )
                     )
             for k, (a, b) in enumerate(slices):
                 target = self.workers[0] if one else self.workers[k % len(self.workers)]
@@ -228,7 +230,7 @@ class SUALSEngine:
                         tasks.block_squared_error, self.block(h, i, j, it, kind), x_rows,
                         self.fixed_on(h, Theta, i, worker, it), self.backend,
                         key=f"error-{kind}-batch{j}-part{i}-it{it}", worker=worker,
-                    )  # fmt: skip
+                    )
                 )
         results = self.client.gather(futures)
         total = sum(r[0] for r in results)

@@ -47,7 +47,7 @@ def reduce_slices(
                 tasks.sum_partials, engine.backend, *mine,
                 key=f"reduce-group{g}-{h.label}-{tag}-{engine.run}",
                 workers=[engine.workers[home]], allow_other_workers=False, pure=False,
-            )  # fmt: skip
+            )
         )
     return inputs
 

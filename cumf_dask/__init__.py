@@ -1,0 +1,25 @@
+"""cumf-dask: ALS matrix factorization (cuMF's MO-ALS and SU-ALS) on Dask, on CPUs and GPUs."""
+
+from __future__ import annotations
+
+from .config import Config, load_config
+from .data.store import RatingsStore
+from .errors import ConfigError, CumfError, IngestError, PlanError, StoreError
+from .model import ALS
+from .plan import Plan, make_plan
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALS",
+    "Config",
+    "ConfigError",
+    "CumfError",
+    "IngestError",
+    "Plan",
+    "PlanError",
+    "RatingsStore",
+    "StoreError",
+    "load_config",
+    "make_plan",
+]

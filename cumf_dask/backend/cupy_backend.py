@@ -1,0 +1,253 @@
+"""CuPy backend: MO-ALS (cuMF section 3) as CUDA kernels on one GPU.
+
+The kernels live in ``kernels/mo_als.cu`` and are compiled lazily with ``cupy.RawModule``,
+one module per padded size ``F = round_up(f + 1, 8)`` and device, cached for the process
+(and on disk by CuPy). Every rating extends its fixed-factor row with the rating itself,
+so one register-tiled Gram build gives A (leading f x f block) and B (row f), and the
+Cholesky factor of that extended matrix carries the forward solve (see the .cu header).
+
+* ``hermitian``: one thread block per row segment; each thread owns one 8 x 8 tile of
+  the lower triangle in registers; fixed-factor rows staged through shared memory in
+  bins (double-buffered ``cp.async``). Rows longer than ``long_row`` ratings are cut into
+  segments whose partial tiles are summed with atomics, so a heavy item never serializes
+  on one block.
+* ``solve``: own batched Cholesky, one block per system, the matrix held as register
+  tiles (right-looking tiled factorization, panels through shared memory). It beat
+  cuSOLVER ``potrfBatched``/``potrsBatched`` and ``cupy.linalg.solve`` on f = 10..256
+  (benchmarks/gpu_notes.md). For f > 256 the solve falls back to cuSOLVER batched.
+* ``update`` (the p == 1 hot path): one fused kernel per row, Gram -> lambda -> Cholesky
+  -> both triangular solves -> x_u, so A never touches device memory. Long rows (and all
+  rows for f > 256) go through ``hermitian`` + ``solve`` in row batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..compat import import_cupy
+from ..data.store import Block
+from ..errors import DeviceMemoryError
+from .base import Backend
+
+cp = import_cupy()
+
+TILE = 8  # register tile edge (kernels' TILE)
+MAX_FUSED_F = 256  # f up to this: fused update and own solve (one register tile per thread)
+MAX_F = 2048  # the Gram kernel's shared-memory bins need F <= 6144 / 3
+MAX_THREADS = 576  # one tile per thread up to F = 264 (33 x 34 / 2 = 561 tiles)
+BATCH_BYTES = 1 << 30  # A of a row batch when rows go through hermitian + solve
+UPDATE_MIN_BLOCKS = 1  # update_kernel's __launch_bounds__ minimum blocks per SM
+_SOURCE = Path(__file__).parent / "kernels" / "mo_als.cu"
+
+
+def padded_size(f: int) -> int:
+    """F: the f factor columns plus the rating column, rounded up to whole tiles."""
+    return (f + TILE) // TILE * TILE
+
+
+def launch_shape(padded: int) -> tuple[int, int]:
+    """(threads per block, tile groups per row): one lower-triangle tile per thread."""
+    tiles = (padded // TILE) * (padded // TILE + 1) // 2
+    threads = -(-tiles // 32) * 32 if tiles <= MAX_THREADS else 512
+    return threads, -(-tiles // threads)
+
+
+@cache
+def kernels(padded: int, device: int, min_blocks: int = UPDATE_MIN_BLOCKS) -> dict[str, Any]:
+    """The compiled kernels for a padded size F on a device (compiled once per process)."""
+    threads, _ = launch_shape(padded)
+    names = {"hermitian": f"hermitian_kernel<{padded}, {threads}>"}
+    if padded <= padded_size(MAX_FUSED_F):
+        names["update"] = f"update_kernel<{padded}, {threads}, {min_blocks}>"
+        names["solve"] = f"solve_kernel<{padded}, {threads}>"
+    module = cp.RawModule(
+        code=_SOURCE.read_text(), options=("-std=c++17",), name_expressions=list(names.values())
+    )
+    return {key: module.get_function(name) for key, name in names.items()}
+
+
+@contextmanager
+def _device_memory(what: str) -> Iterator[None]:
+    """Turn CuPy's out-of-memory error into DeviceMemoryError with the fix."""
+    try:
+        yield
+    except cp.cuda.memory.OutOfMemoryError as exc:
+        raise DeviceMemoryError(
+            f"the GPU ran out of memory while {what} ({exc}); plan smaller batches "
+            "(more row batches q, or a smaller block) so that a block fits the GPU"
+        ) from None
+
+
+@cache
+def _sm_count(device: int) -> int:
+    return int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
+def _segments(indptr: Any, rows: Any, split: int) -> tuple[Any, Any, Any]:
+    """(owner, lo, hi): rows cut into segments of at most `split` ratings; owner indexes rows."""
+    lo, hi = indptr[rows], indptr[rows + 1]
+    nseg = (hi - lo + split - 1) // split
+    ends = cp.cumsum(nseg)
+    total = int(ends[-1])
+    if total == rows.size:
+        return cp.arange(rows.size, dtype=cp.int32), lo, hi
+    seg = cp.arange(total, dtype=cp.int64)
+    owner = cp.searchsorted(ends, seg, side="right")
+    seg_lo = lo[owner] + (seg - (ends[owner] - nseg[owner])) * split
+    return owner.astype(cp.int32), seg_lo, cp.minimum(seg_lo + split, hi[owner])
+
+
+class CupyBackend(Backend):
+    """GPU backend (current CuPy device).
+
+    ``long_row``: rows with more ratings than this are split over several thread blocks
+    (default: ``max(4096, nnz / (20 * SMs))``, so no single row outlasts the rest).
+    ``update_min_blocks``: the fused kernel's register cap, as resident blocks per SM.
+    """
+
+    name = "cupy"
+    xp = cp
+
+    def __init__(self, long_row: int | None = None, update_min_blocks: int = UPDATE_MIN_BLOCKS):
+        self.long_row = long_row
+        self.update_min_blocks = update_min_blocks
+
+    def to_host(self, x: Any) -> np.ndarray:
+        return cp.asnumpy(x)
+
+    def topk(self, X: Any, Theta: Any, k: int, seen: Block | None = None) -> tuple[Any, Any]:
+        """As Backend.topk; seen ratings' rows come from searchsorted (cupy.repeat takes no
+        device array of counts)."""
+        k = min(k, Theta.shape[0])
+        scores = X @ Theta.T
+        if seen is not None and seen.nnz:
+            indptr = cp.asarray(seen.indptr)
+            row_of = cp.searchsorted(indptr, cp.arange(seen.nnz), side="right") - 1
+            scores[row_of, cp.asarray(seen.indices)] = -cp.inf
+        part = cp.argpartition(-scores, k - 1, axis=1)[:, :k]
+        top = cp.take_along_axis(scores, part, axis=1)
+        order = cp.argsort(-top, axis=1)
+        return cp.take_along_axis(part, order, axis=1), cp.take_along_axis(top, order, axis=1)
+
+    # ------------------------------------------------------------------ helpers
+    def _kernels(self, f: int) -> dict[str, Any]:
+        if f > MAX_F:
+            raise ValueError(f"the GPU backend supports f up to {MAX_F} factors, got {f}")
+        return kernels(padded_size(f), cp.cuda.Device().id, self.update_min_blocks)
+
+    def _split(self, nnz: int) -> int:
+        if self.long_row is not None:
+            return max(1, int(self.long_row))
+        return max(4096, nnz // (20 * _sm_count(cp.cuda.Device().id)))
+
+    def _csr(self, block: Block) -> tuple[Any, Any, Any]:
+        return (
+            cp.ascontiguousarray(cp.asarray(block.indptr), dtype=cp.int64),
+            cp.ascontiguousarray(cp.asarray(block.indices), dtype=cp.int32),
+            cp.ascontiguousarray(cp.asarray(block.values), dtype=cp.float32),
+        )
+
+    @staticmethod
+    def _factor(fixed: Any) -> tuple[Any, np.int32]:
+        """Contiguous float32 factor and whether its rows allow 16-byte loads."""
+        fixed = cp.ascontiguousarray(cp.asarray(fixed), dtype=cp.float32)
+        vec = fixed.shape[1] % 4 == 0 and fixed.data.ptr % 16 == 0
+        return fixed, np.int32(vec)
+
+    def _gram(self, csr: tuple, fixed: Any, vec: np.int32, rows: Any, out: Any, A: Any, B: Any):
+        """Add the Gram of `rows` into A[out], B[out] (zeroed), splitting long rows."""
+        indptr, indices, values = csr
+        f = fixed.shape[1]
+        owner, lo, hi = _segments(indptr, rows, self._split(values.size))
+        threads, groups = launch_shape(padded_size(f))
+        atomic = np.int32(owner.size > rows.size)
+        self._kernels(f)["hermitian"](
+            (owner.size, groups),
+            (threads,),
+            (indices, values, fixed, np.int32(f), vec, out[owner], lo, hi, atomic, A, B),
+        )
+
+    def _solve_rows(self, A: Any, B: Any, reg: Any, rows: Any, X: Any) -> None:
+        """X[rows] = (A[rows] + reg[rows] I)^-1 B[rows], A read in its lower triangle."""
+        f = B.shape[1]
+        if f <= MAX_FUSED_F:
+            threads, _ = launch_shape(padded_size(f))
+            self._kernels(f)["solve"]((rows.size,), (threads,), (A, B, np.int32(f), reg, rows, X))
+            return
+        import cupyx.lapack
+
+        diag = cp.arange(f)
+        step = max(1, BATCH_BYTES // (f * f * 4))
+        for lo in range(0, rows.size, step):
+            sel = rows[lo : lo + step]
+            M = A[sel]
+            M[:, diag, diag] += reg[sel][:, None]
+            # C-order A^T read as column-major lower = A's lower triangle.
+            X[sel] = cupyx.lapack.posv(M.transpose(0, 2, 1), B[sel])
+
+    # ------------------------------------------------------------------ ALS kernels
+    def hermitian(self, block: Block, fixed: Any) -> tuple[Any, Any]:
+        with _device_memory(f"building A, B for a block of {block.n_rows} rows"):
+            fixed, vec = self._factor(fixed)
+            f = fixed.shape[1]
+            csr = self._csr(block)
+            A = cp.zeros((block.n_rows, f, f), cp.float32)
+            B = cp.zeros((block.n_rows, f), cp.float32)
+            rows = cp.flatnonzero(cp.diff(csr[0]) > 0).astype(cp.int32)
+            if rows.size:
+                self._gram(csr, fixed, vec, rows, rows, A, B)
+            return A, B
+
+    def solve(self, A: Any, B: Any, counts: Any, lam: float) -> Any:
+        with _device_memory(f"solving {B.shape[0]} systems"):
+            A = cp.ascontiguousarray(cp.asarray(A), dtype=cp.float32)
+            B = cp.ascontiguousarray(cp.asarray(B), dtype=cp.float32)
+            counts = cp.asarray(counts)
+            X = cp.zeros(B.shape, cp.float32)
+            rows = cp.flatnonzero(counts > 0).astype(cp.int32)
+            if rows.size:
+                self._solve_rows(A, B, (lam * counts).astype(cp.float32), rows, X)
+            return X
+
+    def update(self, block: Block, fixed: Any, counts: Any, lam: float) -> Any:
+        """Fused hermitian + solve per row; long rows through split hermitian + solve."""
+        with _device_memory(f"updating a block of {block.n_rows} rows"):
+            fixed, vec = self._factor(fixed)
+            f = fixed.shape[1]
+            csr = self._csr(block)
+            counts = cp.asarray(counts)
+            reg = (lam * counts).astype(cp.float32)
+            X = cp.zeros((block.n_rows, f), cp.float32)
+            degree = cp.diff(csr[0])
+            active = (degree > 0) & (counts > 0)
+            split = self._split(block.nnz)
+            if f <= MAX_FUSED_F:
+                short = cp.flatnonzero(active & (degree <= split))
+                if short.size:
+                    # Longest rows first: they start early instead of forming the tail.
+                    short = short[cp.argsort(-degree[short])].astype(cp.int32)
+                    threads, _ = launch_shape(padded_size(f))
+                    self._kernels(f)["update"](
+                        (short.size,),
+                        (threads,),
+                        (csr[0], csr[1], csr[2], fixed, np.int32(f), vec, reg, short, X),
+                    )
+                active &= degree > split
+            rest = cp.flatnonzero(active).astype(cp.int32)
+            step = max(1, BATCH_BYTES // (f * f * 4))
+            for lo in range(0, rest.size, step):
+                rows = rest[lo : lo + step]
+                local = cp.arange(rows.size, dtype=cp.int32)
+                A = cp.zeros((rows.size, f, f), cp.float32)
+                B = cp.zeros((rows.size, f), cp.float32)
+                self._gram(csr, fixed, vec, rows, local, A, B)
+                Xb = cp.zeros((rows.size, f), cp.float32)
+                self._solve_rows(A, B, reg[rows], local, Xb)
+                X[rows] = Xb
+            return X

@@ -1,0 +1,347 @@
+// MO-ALS kernels (cuMF paper, section 3) for cumf-dask's CuPy backend.
+//
+// Loaded with cupy.RawModule and instantiated per padded size F (a multiple of 8) and
+// thread count NT; the Python side picks F = round_up(f + 1, 8).
+//
+// One Gram build gives A and B. Each rating r_uv of row u extends its fixed-factor row to
+//     g_v = [theta_v (f floats), r_uv, 0 ... 0]      (F floats)
+// so sum_v g_v g_v^T holds A_u = sum theta_v theta_v^T in its leading f x f block and
+// B_u = sum r_uv theta_v in its row f. The F x F lower triangle is cut into 8 x 8 tiles,
+// one tile per thread, accumulated in 64 registers (fully unrolled loops: no dynamically
+// indexed register arrays). The g_v rows are staged in shared memory in bins of BIN rows
+// (cuMF's "bin"), double-buffered with cp.async, 16-byte copies when f % 4 == 0.
+//
+// The Cholesky factor of the extended matrix [[A + reg I, B], [B^T, *]] carries
+// y = L^-1 B in its row f, so the tiled factorization also does the forward solve; a
+// tiled backward solve L^T x = y finishes. Indices >= f get a unit pivot, so the padding
+// never produces a NaN.
+
+#define TILE 8
+
+template <int F>
+struct Cfg {
+    static constexpr int NTILE = F / TILE;                 // tiles per side
+    static constexpr int NTRI = NTILE * (NTILE + 1) / 2;   // tiles in the lower triangle
+    static constexpr int BIN = (6144 / F) < 32 ? (6144 / F) : 32;  // rows per bin (<= 48 KB)
+    static constexpr int CHUNKS = F / 4;                   // 16-byte chunks per bin row
+};
+
+// Shared memory of the tiled Cholesky: the current tile column, its diagonal tile, and
+// the right-hand side.
+template <int F>
+struct __align__(16) CholSmem {
+    float panel[F / TILE][TILE][TILE];  // panel[ib][c][r] = L(8 ib + r, 8 kb + c), column kb
+    float diag[TILE][TILE];             // L_kk
+    float inv[TILE];                    // 1 / L_kk(c, c)
+    float y[F];                         // forward result, consumed by the backward solve
+    float x[TILE];                      // solution of the current tile in the backward solve
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_prior1() {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+// The t-th tile of the lower triangle in row-major order: t = ib (ib + 1) / 2 + jb.
+__device__ __forceinline__ void tile_of(int t, int& ib, int& jb) {
+    int i = (int)((sqrtf(8.0f * t + 1.0f) - 1.0f) * 0.5f);
+    if ((i + 1) * (i + 2) / 2 <= t) ++i;
+    if (i * (i + 1) / 2 > t) --i;
+    ib = i;
+    jb = t - i * (i + 1) / 2;
+}
+
+// Stage ratings [e0, e0 + nk) of a row as extended rows g_v in dst (columns <= f).
+template <int F, int NT>
+__device__ __forceinline__ void load_bin(float (*dst)[F], const int* __restrict__ idx,
+                                         const float* __restrict__ val,
+                                         const float* __restrict__ fixed, int f, bool vec,
+                                         long long e0, int nk) {
+    for (int c = threadIdx.x; c < nk * Cfg<F>::CHUNKS; c += NT) {
+        const int k = c / Cfg<F>::CHUNKS;
+        const int col = (c - k * Cfg<F>::CHUNKS) * 4;
+        if (col > f) continue;  // padding, zeroed once per block
+        const long long e = e0 + k;
+        const float* src = fixed + (long long)__ldg(idx + e) * f + col;
+        float* d = &dst[k][col];
+        if (vec && col + 4 <= f) {
+            cp_async16(d, src);
+        } else {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                if (col + q < f) cp_async4(d + q, src + q);
+                else if (col + q == f) cp_async4(d + q, val + e);
+            }
+        }
+    }
+}
+
+// acc = this thread's tile (8 ib, 8 jb) of sum g_v g_v^T over ratings [lo, hi) of one row.
+// Ends with a barrier, so the caller may reuse `bins` at once.
+template <int F, int NT>
+__device__ __forceinline__ void gram(float (&acc)[TILE][TILE], float (*bins)[F],
+                                     const int* __restrict__ idx, const float* __restrict__ val,
+                                     const float* __restrict__ fixed, int f, bool vec,
+                                     long long lo, long long hi, int i0, int j0, bool active) {
+    constexpr int BIN = Cfg<F>::BIN;
+#pragma unroll
+    for (int r = 0; r < TILE; ++r)
+#pragma unroll
+        for (int c = 0; c < TILE; ++c) acc[r][c] = 0.0f;
+    const int npad = F - f - 1;  // columns after the rating column, never copied into
+    for (int c = threadIdx.x; c < 2 * BIN * npad; c += NT) bins[c / npad][f + 1 + c % npad] = 0.0f;
+
+    const int n = (int)(hi - lo);
+    const int nbins = (n + BIN - 1) / BIN;
+    load_bin<F, NT>(bins, idx, val, fixed, f, vec, lo, min(BIN, n));
+    cp_async_commit();
+    for (int b = 0; b < nbins; ++b) {
+        const int next = (b + 1) * BIN;
+        if (next < n)
+            load_bin<F, NT>(bins + ((b + 1) & 1) * BIN, idx, val, fixed, f, vec, lo + next,
+                            min(BIN, n - next));
+        cp_async_commit();
+        cp_async_wait_prior1();
+        __syncthreads();
+        if (active) {
+            const float(*S)[F] = bins + (b & 1) * BIN;
+            const int nk = min(BIN, n - b * BIN);
+#pragma unroll 2
+            for (int k = 0; k < nk; ++k) {
+                const float4 a0 = *reinterpret_cast<const float4*>(&S[k][i0]);
+                const float4 a1 = *reinterpret_cast<const float4*>(&S[k][i0 + 4]);
+                const float4 b0 = *reinterpret_cast<const float4*>(&S[k][j0]);
+                const float4 b1 = *reinterpret_cast<const float4*>(&S[k][j0 + 4]);
+                const float a[TILE] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+                const float bb[TILE] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+                for (int r = 0; r < TILE; ++r)
+#pragma unroll
+                    for (int c = 0; c < TILE; ++c) acc[r][c] = fmaf(a[r], bb[c], acc[r][c]);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// Solve (A + reg I) x = B from the extended Gram held as register tiles (lower triangle,
+// row f = B), writing x[0..f) to x_out. All threads of the block must call it.
+template <int F>
+__device__ __forceinline__ void chol_solve(float (&acc)[TILE][TILE], int ib, int jb, bool active,
+                                           int f, float reg, CholSmem<F>& sh,
+                                           float* __restrict__ x_out) {
+    const int kbs = (f + TILE - 1) / TILE;  // tile columns of the f x f system
+    const int i0 = ib * TILE, j0 = jb * TILE;
+    if (active && ib == jb) {
+#pragma unroll
+        for (int r = 0; r < TILE; ++r)
+            if (i0 + r < f) acc[r][r] += reg;
+    }
+    // Right-looking tiled Cholesky; row f of the factor becomes y = L^-1 B.
+    for (int kb = 0; kb < kbs; ++kb) {
+        if (active && ib == kb && jb == kb) {
+#pragma unroll
+            for (int c = 0; c < TILE; ++c) {
+                const float l = (i0 + c < f) ? sqrtf(acc[c][c]) : 1.0f;
+                const float il = 1.0f / l;
+                acc[c][c] = l;
+                sh.inv[c] = il;
+#pragma unroll
+                for (int r = c + 1; r < TILE; ++r) acc[r][c] *= il;
+#pragma unroll
+                for (int r = c + 1; r < TILE; ++r)
+#pragma unroll
+                    for (int s = c + 1; s <= r; ++s) acc[r][s] = fmaf(-acc[r][c], acc[s][c], acc[r][s]);
+            }
+#pragma unroll
+            for (int r = 0; r < TILE; ++r)
+#pragma unroll
+                for (int c = 0; c < TILE; ++c) sh.diag[r][c] = acc[r][c];
+        }
+        __syncthreads();
+        if (active && jb == kb && ib > kb) {  // panel: tile <- tile L_kk^-T
+#pragma unroll
+            for (int c = 0; c < TILE; ++c) {
+                const float il = sh.inv[c];
+#pragma unroll
+                for (int r = 0; r < TILE; ++r) {
+                    float s = acc[r][c];
+#pragma unroll
+                    for (int q = 0; q < c; ++q) s = fmaf(-acc[r][q], sh.diag[c][q], s);
+                    acc[r][c] = s * il;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < TILE; ++r)
+#pragma unroll
+                for (int c = 0; c < TILE; ++c) sh.panel[ib][c][r] = acc[r][c];
+        }
+        __syncthreads();
+        if (active && jb > kb && jb < kbs) {  // trailing update: tile -= P_ib P_jb^T
+#pragma unroll
+            for (int q = 0; q < TILE; ++q) {
+                const float4 a0 = *reinterpret_cast<const float4*>(&sh.panel[ib][q][0]);
+                const float4 a1 = *reinterpret_cast<const float4*>(&sh.panel[ib][q][4]);
+                const float4 b0 = *reinterpret_cast<const float4*>(&sh.panel[jb][q][0]);
+                const float4 b1 = *reinterpret_cast<const float4*>(&sh.panel[jb][q][4]);
+                const float a[TILE] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+                const float bb[TILE] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+                for (int r = 0; r < TILE; ++r)
+#pragma unroll
+                    for (int c = 0; c < TILE; ++c) acc[r][c] = fmaf(-a[r], bb[c], acc[r][c]);
+            }
+        }
+    }
+    // y = row f of the factor.
+    if (active && ib == f / TILE && jb < kbs) {
+#pragma unroll
+        for (int r = 0; r < TILE; ++r)
+            if (i0 + r == f) {
+#pragma unroll
+                for (int c = 0; c < TILE; ++c)
+                    if (j0 + c < f) sh.y[j0 + c] = acc[r][c];
+            }
+    }
+    __syncthreads();
+    // Backward solve L^T x = y, one tile row at a time, bottom up.
+    for (int kb = kbs - 1; kb >= 0; --kb) {
+        if (active && ib == kb && jb == kb) {
+            float xv[TILE];
+#pragma unroll
+            for (int r = TILE - 1; r >= 0; --r) {
+                float s = (i0 + r < f) ? sh.y[i0 + r] : 0.0f;
+#pragma unroll
+                for (int q = r + 1; q < TILE; ++q) s = fmaf(-acc[q][r], xv[q], s);
+                xv[r] = (i0 + r < f) ? s / acc[r][r] : 0.0f;
+            }
+#pragma unroll
+            for (int r = 0; r < TILE; ++r) {
+                sh.x[r] = xv[r];
+                if (i0 + r < f) x_out[i0 + r] = xv[r];
+            }
+        }
+        __syncthreads();
+        if (active && ib == kb && jb < kb) {  // y_jb -= L_kb,jb^T x_kb
+#pragma unroll
+            for (int c = 0; c < TILE; ++c) {
+                float s = sh.y[j0 + c];
+#pragma unroll
+                for (int r = 0; r < TILE; ++r) s = fmaf(-acc[r][c], sh.x[r], s);
+                sh.y[j0 + c] = s;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// Partial Gram of row segments: block (s, g) adds tiles [g NT, g NT + NT) of segment s
+// (ratings [seg_lo[s], seg_hi[s]) of output row seg_out[s]) into A (rows, f, f, lower
+// triangle) and B (rows, f). With `atomic`, rows split over several segments sum up in
+// place (A, B zeroed by the caller); without, each row has one segment and is stored.
+template <int F, int NT>
+__global__ void __launch_bounds__(NT)
+    hermitian_kernel(const int* __restrict__ idx, const float* __restrict__ val,
+                     const float* __restrict__ fixed, int f, int vec,
+                     const int* __restrict__ seg_out, const long long* __restrict__ seg_lo,
+                     const long long* __restrict__ seg_hi, int atomic, float* __restrict__ A,
+                     float* __restrict__ B) {
+    __shared__ __align__(16) float bins[2 * Cfg<F>::BIN][F];
+    const int s = blockIdx.x;
+    const int t = blockIdx.y * NT + threadIdx.x;
+    const bool active = t < Cfg<F>::NTRI;
+    int ib = 0, jb = 0;
+    if (active) tile_of(t, ib, jb);
+    float acc[TILE][TILE];
+    gram<F, NT>(acc, bins, idx, val, fixed, f, vec != 0, seg_lo[s], seg_hi[s], ib * TILE,
+                jb * TILE, active);
+    if (!active) return;
+    const long long u = seg_out[s];
+    float* Au = A + u * f * f;
+    float* Bu = B + u * f;
+#pragma unroll
+    for (int r = 0; r < TILE; ++r) {
+        const int i = ib * TILE + r;
+#pragma unroll
+        for (int c = 0; c < TILE; ++c) {
+            const int j = jb * TILE + c;
+            float* dst = nullptr;
+            if (i < f && j <= i) dst = Au + i * f + j;
+            else if (i == f && j < f) dst = Bu + j;
+            if (dst == nullptr) continue;
+            if (atomic) atomicAdd(dst, acc[r][c]);
+            else *dst = acc[r][c];
+        }
+    }
+}
+
+// Fused update of whole rows (p == 1): Gram in registers -> Cholesky -> solves -> x_u.
+// A never leaves the chip. Block b solves row rows[b]; reg[u] = lambda * n_u. MINB is the
+// minimum of resident blocks per SM asked of the compiler (1: no register cap).
+template <int F, int NT, int MINB>
+__global__ void __launch_bounds__(NT, MINB)
+    update_kernel(const long long* __restrict__ indptr, const int* __restrict__ idx,
+                  const float* __restrict__ val, const float* __restrict__ fixed, int f, int vec,
+                  const float* __restrict__ reg, const int* __restrict__ rows,
+                  float* __restrict__ X) {
+    constexpr int BIN_BYTES = 2 * Cfg<F>::BIN * F * 4;
+    constexpr int BYTES = BIN_BYTES > (int)sizeof(CholSmem<F>) ? BIN_BYTES : (int)sizeof(CholSmem<F>);
+    __shared__ __align__(16) unsigned char smem[BYTES];
+    const int u = rows[blockIdx.x];
+    const bool active = threadIdx.x < Cfg<F>::NTRI;
+    int ib = 0, jb = 0;
+    if (active) tile_of(threadIdx.x, ib, jb);
+    float acc[TILE][TILE];
+    gram<F, NT>(acc, reinterpret_cast<float(*)[F]>(smem), idx, val, fixed, f, vec != 0,
+                indptr[u], indptr[u + 1], ib * TILE, jb * TILE, active);
+    chol_solve<F>(acc, ib, jb, active, f, reg[u], *reinterpret_cast<CholSmem<F>*>(smem),
+                  X + (long long)u * f);
+}
+
+// Batched solve of (A[u] + reg[u] I) x = B[u] for u in rows, reading A's lower triangle.
+template <int F, int NT>
+__global__ void __launch_bounds__(NT)
+    solve_kernel(const float* __restrict__ A, const float* __restrict__ B, int f,
+                 const float* __restrict__ reg, const int* __restrict__ rows,
+                 float* __restrict__ X) {
+    __shared__ CholSmem<F> sh;
+    const long long u = rows[blockIdx.x];
+    const bool active = threadIdx.x < Cfg<F>::NTRI;
+    int ib = 0, jb = 0;
+    if (active) tile_of(threadIdx.x, ib, jb);
+    const float* Au = A + u * f * f;
+    const float* Bu = B + u * f;
+    float acc[TILE][TILE];
+#pragma unroll
+    for (int r = 0; r < TILE; ++r) {
+        const int i = ib * TILE + r;
+#pragma unroll
+        for (int c = 0; c < TILE; ++c) {
+            const int j = jb * TILE + c;
+            float v = 0.0f;
+            if (active && i < f && j <= i) v = __ldg(Au + i * f + j);
+            else if (active && i == f && j < f) v = __ldg(Bu + j);
+            acc[r][c] = v;
+        }
+    }
+    chol_solve<F>(acc, ib, jb, active, f, reg[u], sh, X + u * f);
+}

@@ -1,0 +1,376 @@
+"""Ingestion: rating files and in-memory ratings into a :class:`RatingsStore`.
+
+Every input goes through one pipeline: a reader (:mod:`cumf_dask.data.readers`) yields chunks
+of raw (user, item, rating) records with their record numbers; the ratings are checked (finite
+numbers), the ids turned into dense indices, and the chunk handed to a
+:class:`~cumf_dask.data.builder.StoreBuilder`, which spills it to disk. Memory is bounded by
+one chunk plus the id maps, whatever the size of the input.
+
+Ids:
+
+* With no declared size for an axis (``m`` for users, ``n`` for items), its ids may be anything
+  (strings, sparse integers): they are numbered 0, 1, ... in order of first appearance and the
+  map is kept in the store (``store.ids("rows")`` / ``store.ids("cols")``). Ids read from text
+  are strings; when every id of an axis is a plain integer (``17``, not ``017``) the map is
+  stored as int64. In-memory and Parquet ids keep their type.
+* A declared size uses the ids as indices directly (no map): they must be integers in
+  ``[0, m)`` / ``[0, n)``. A SciPy matrix always declares its shape.
+
+Errors in the input (a malformed line, a rating that is not a finite number, an id out of the
+declared range, an empty file, a repeated pair under ``duplicates="error"``) raise one
+:class:`~cumf_dask.errors.IngestError` that names the file and the 1-based line (the record
+for in-memory input). Nothing is left at ``url`` then, and an existing store there is untouched.
+
+``progress(stage, done, total)`` is called after each chunk with stage ``"read"`` (bytes of
+input files, or records of in-memory input; total None when unknown), then with stage
+``"bands"`` while the store is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from os import PathLike
+from typing import Any
+
+import numpy as np
+
+try:
+    import pandas as pd
+except ImportError as exc:  # pragma: no cover - pandas comes with the `io` extra
+    raise ImportError("ingestion needs pandas: pip install 'cumf-dask[io]'") from exc
+
+from ..config import DataConfig
+from ..errors import IngestError
+from .builder import DuplicatePolicy, StoreBuilder
+from .readers import (
+    Chunk,
+    Column,
+    Files,
+    Records,
+    TextFormat,
+    read_arrays,
+    read_parquet,
+    read_text,
+    show,
+)
+from .store import RatingsStore
+
+Progress = Callable[[str, int, int | None], None]
+PathSpec = str | PathLike[str] | Sequence[str | PathLike[str]]
+
+FORMATS: dict[str, str] = {
+    "csv": "comma-separated user,item,rating[,...]; header guessed unless given",
+    "tsv": "tab-separated user, item, rating[, ...]; header guessed unless given",
+    "delimited": "any delimiter (--delimiter; default: whitespace)",
+    "movielens-100k": "MovieLens 100K u.data: user<TAB>item<TAB>rating<TAB>timestamp",
+    "movielens-1m": "MovieLens 1M/10M ratings.dat: user::item::rating::timestamp",
+    "movielens-csv": "MovieLens ratings.csv (ml-latest, 20M, 25M): userId,movieId,rating,...",
+    "netflix": "Netflix Prize: 'movie_id:' lines, each followed by user,rating,date lines",
+    "parquet": "Parquet columns user, item, rating (first three unless --columns)",
+}
+
+_TEXT_FORMATS = {
+    "csv": TextFormat(","),
+    "tsv": TextFormat("\t"),
+    "delimited": TextFormat(None),
+    "movielens-100k": TextFormat("\t", header=False, fields=4),
+    # '::' read as ':' with empty fields between: the fast C parser handles it.
+    "movielens-1m": TextFormat(":", columns=(0, 2, 4), header=False, fields=7),
+    "movielens-csv": TextFormat(",", columns=("userId", "movieId", "rating"), header=True),
+    "netflix": TextFormat(",", header=False, fields=3, blocks=True),
+}
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def ingest_file(
+    path: PathSpec,
+    url: str | PathLike[str],
+    format: str = "csv",
+    *,
+    delimiter: str | None = None,
+    header: bool | None = None,
+    columns: Sequence[Column] | None = None,
+    duplicates: DuplicatePolicy = "error",
+    m: int | None = None,
+    n: int | None = None,
+    test_fraction: float = 0.0,
+    split_seed: int = 0,
+    tile_rows: int | None = None,
+    tile_cols: int | None = None,
+    overwrite: bool = False,
+    chunk_rows: int = 1_000_000,
+    progress: Progress | None = None,
+) -> RatingsStore:
+    """Read a rating file (or several: a glob or a list) into a new store at `url`.
+
+    Parameters
+    ----------
+    path : local path or fsspec URL; a glob or a list reads several files in order
+        (Netflix ``training_set/mv_*.txt``). ``.gz``, ``.bz2``, ``.xz`` are decompressed.
+    format : one of :data:`FORMATS`.
+    delimiter, header, columns : override the format's (text formats; `columns` also for
+        Parquet): the user, item and rating columns by name or 0-based position.
+        ``header=None`` guesses: a header when line 1's rating field is not a number.
+    duplicates : repeated (user, item) pairs: ``"error"``, ``"last"`` (latest line wins) or
+        ``"mean"``.
+    m, n : declared numbers of users and items: ids are then indices in [0, m) / [0, n).
+    test_fraction, split_seed : deterministic held-out share (by pair hash and seed).
+    chunk_rows : lines (rows) per chunk: bounds the memory of reading.
+    progress : ``progress(stage, done, total)``, see the module docstring.
+    """
+    if format not in FORMATS:
+        raise IngestError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    _check_chunk_rows(chunk_rows)
+    overrides = {"delimiter": delimiter, "header": header, "columns": columns}
+    given = [key for key, value in overrides.items() if value is not None]
+    if format == "parquet":
+        if delimiter is not None or header is not None:
+            raise IngestError("format 'parquet' takes no delimiter or header (only columns)")
+        files = Files(path, unit="row")
+        chunks = read_parquet(files, _three(columns or (0, 1, 2)), chunk_rows)
+    else:
+        if format == "netflix" and given:
+            raise IngestError(f"format 'netflix' is fixed: drop {', '.join(given)}")
+        spec = _TEXT_FORMATS[format]
+        if delimiter is not None:
+            spec = replace(spec, delimiter=delimiter)
+        if header is not None:
+            spec = replace(spec, header=header)
+        if columns is not None:
+            spec = replace(spec, columns=_three(columns))
+        files = Files(path, unit="line")
+        chunks = read_text(files, spec, chunk_rows)
+    source = {"kind": "file", "format": format, "path": files.name, "duplicates": duplicates}
+    return _ingest(
+        chunks, url, files, source, m, n, duplicates=duplicates, test_fraction=test_fraction,
+        split_seed=split_seed, tile_rows=tile_rows, tile_cols=tile_cols, overwrite=overwrite,
+        progress=progress,
+    )  # fmt: skip
+
+
+def ingest_arrays(
+    url: str | PathLike[str],
+    users: Any,
+    items: Any,
+    ratings: Any,
+    shape: tuple[int | None, int | None] | None = None,
+    *,
+    duplicates: DuplicatePolicy = "error",
+    test_fraction: float = 0.0,
+    split_seed: int = 0,
+    tile_rows: int | None = None,
+    tile_cols: int | None = None,
+    overwrite: bool = False,
+    chunk_rows: int = 1_000_000,
+    progress: Progress | None = None,
+    source: dict[str, Any] | None = None,
+) -> RatingsStore:
+    """Build a store from three equally long 1-D arrays (or lists) of users, items, ratings.
+
+    Without `shape` the ids are mapped in order of first appearance (see the module
+    docstring); with ``shape=(m, n)`` they are used as indices (either may be None: mapped).
+    `source` is recorded in the store's attrs. Other parameters as for :func:`ingest_file`.
+    """
+    _check_chunk_rows(chunk_rows)
+    users, items, ratings = np.asarray(users), np.asarray(items), np.asarray(ratings)
+    if not (users.ndim == items.ndim == ratings.ndim == 1) or not (
+        users.shape == items.shape == ratings.shape
+    ):
+        raise IngestError(
+            "users, items and ratings must be 1-D arrays of one length; got shapes "
+            f"{users.shape}, {items.shape}, {ratings.shape}"
+        )
+    m, n = shape if shape is not None else (None, None)
+    return _ingest(
+        read_arrays(users, items, ratings, chunk_rows), url, Records(len(ratings)),
+        source or {"kind": "arrays"}, m, n, duplicates=duplicates, test_fraction=test_fraction,
+        split_seed=split_seed, tile_rows=tile_rows, tile_cols=tile_cols, overwrite=overwrite,
+        progress=progress, expected_nnz=len(ratings),
+    )  # fmt: skip
+
+
+def ingest_dataframe(
+    df: pd.DataFrame,
+    url: str | PathLike[str],
+    user_col: Any = "user",
+    item_col: Any = "item",
+    rating_col: Any = "rating",
+    shape: tuple[int | None, int | None] | None = None,
+    **options: Any,
+) -> RatingsStore:
+    """Build a store from three columns of a pandas DataFrame; `options` as for ingest_arrays."""
+    cols = [user_col, item_col, rating_col]
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise IngestError(
+            f"the DataFrame has no column {missing[0]!r} (it has {', '.join(map(str, df.columns))})"
+        )
+    source = {"kind": "dataframe", "columns": [str(c) for c in cols]}
+    users, items, ratings = (df[c].to_numpy() for c in cols)
+    return ingest_arrays(url, users, items, ratings, shape, source=source, **options)
+
+
+def ingest_scipy(matrix: Any, url: str | PathLike[str], **options: Any) -> RatingsStore:
+    """Build a store from a SciPy sparse matrix or array: every stored entry is a rating.
+
+    Rows are users and columns items, used as indices (the shape is declared). Repeated
+    entries of a non-canonical matrix follow `duplicates`. `options` as for ingest_arrays.
+    """
+    import scipy.sparse
+
+    if not scipy.sparse.issparse(matrix):
+        raise IngestError(f"expected a scipy.sparse matrix, got {type(matrix).__name__}")
+    coo = matrix.tocoo()
+    source = {"kind": "scipy", "format": str(matrix.format)}
+    return ingest_arrays(url, *coo.coords, coo.data, coo.shape, source=source, **options)
+
+
+def ingest_from_config(
+    cfg: DataConfig,
+    url: str | PathLike[str] | None = None,
+    *,
+    chunk_rows: int = 1_000_000,
+    progress: Progress | None = None,
+) -> RatingsStore:
+    """Run ``cfg.ingest`` into `url` (default ``cfg.store``) with cfg's split, tiles, overwrite."""
+    ing = cfg.ingest
+    if not ing.path:
+        raise IngestError("data.ingest.path is empty: set the input file to ingest")
+    return ingest_file(
+        ing.path, url if url is not None else cfg.store, ing.format, delimiter=ing.delimiter,
+        header=ing.header, columns=ing.columns, duplicates=ing.duplicates, m=ing.m, n=ing.n,
+        test_fraction=cfg.test_fraction, split_seed=cfg.split_seed, tile_rows=cfg.tile_rows,
+        tile_cols=cfg.tile_cols, overwrite=cfg.overwrite, chunk_rows=chunk_rows,
+        progress=progress,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the pipeline
+
+
+class _Axis:
+    """Users or items: ids used as indices (declared size) or mapped in order of appearance."""
+
+    def __init__(self, noun: str, letter: str, size: int | None):
+        self.noun, self.letter, self.size = noun, letter, size
+        self._codes: dict[Any, int] = {}
+        self._new: list[np.ndarray] = []
+        self.labels: np.ndarray | None = None
+
+    def encode(self, ids: np.ndarray, seq: np.ndarray, records: Records) -> np.ndarray:
+        """Dense int64 indices of one chunk's ids."""
+        if self.size is not None:
+            return self._check(ids, seq, records)
+        codes, uniques = pd.factorize(ids)
+        if (codes < 0).any():
+            where = records.where(seq[np.argmax(codes < 0)])
+            raise IngestError(f"{where}: the {self.noun} id is missing; fix or remove it")
+        known = np.fromiter((self._codes.get(u, -1) for u in uniques.tolist()), np.int64)
+        new = known < 0
+        known[new] = np.arange(len(self._codes), len(self._codes) + int(new.sum()))
+        self._codes.update(zip(uniques[new].tolist(), known[new].tolist(), strict=True))
+        self._new.append(uniques[new])
+        return known[codes]
+
+    def _check(self, ids: np.ndarray, seq: np.ndarray, records: Records) -> np.ndarray:
+        size = self.size
+        idx = np.asarray(ids if ids.dtype.kind in "iu" else pd.to_numeric(ids, errors="coerce"))
+        bad = ~((idx >= 0) & (idx < size) & (idx == np.floor(idx)))
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise IngestError(
+                f"{records.where(seq[k])}: {self.noun} id {show(ids[k])} is not an integer in "
+                f"[0, {size}) (declared {self.letter}={size}); fix the id, declare a larger "
+                f"{self.letter}, or declare none to map ids"
+            )
+        return idx.astype(np.int64)
+
+    def finish(self, text_ids: bool) -> np.ndarray | None:
+        """The map from indices to ids (None for a declared size); kept in `labels`."""
+        if self.size is None:
+            ids = np.concatenate(self._new)
+            self.labels = _integer_ids(ids) if text_ids else ids
+        return self.labels
+
+    def label(self, index: int) -> str:
+        return show(self.labels[index]) if self.labels is not None else str(index)
+
+
+def _ingest(
+    chunks: Iterable[Chunk],
+    url: str | PathLike[str],
+    records: Records,
+    source: dict[str, Any],
+    m: int | None,
+    n: int | None,
+    *,
+    progress: Progress | None,
+    **builder_options: Any,
+) -> RatingsStore:
+    """The shared pipeline: check ratings, map ids, spill to the builder, finalize."""
+    builder = StoreBuilder(str(url), m=m, n=n, **builder_options)
+    users, items = _Axis("user", "m", m), _Axis("item", "n", n)
+    count = 0
+    try:
+        for chunk in chunks:
+            ratings = _ratings(chunk, records)
+            rows = users.encode(chunk.users, chunk.seq, records)
+            cols = items.encode(chunk.items, chunk.seq, records)
+            builder.add(rows, cols, ratings, seq=chunk.seq)
+            count += ratings.size
+            if progress:
+                progress("read", chunk.done, records.total)
+        if count == 0:
+            raise IngestError(f"{records.name}: no ratings found (only a header, or blank lines)")
+    except BaseException:
+        builder.abort()
+        raise
+
+    def describe(row: int, col: int, a: int, b: int) -> str:
+        return f"user {users.label(row)}, item {items.label(col)} ({records.pair(a, b)})"
+
+    return builder.finalize(
+        source=source, row_ids=users.finish(records.text_ids),
+        col_ids=items.finish(records.text_ids), describe=describe, progress=progress,
+    )  # fmt: skip
+
+
+def _ratings(chunk: Chunk, records: Records) -> np.ndarray:
+    """The chunk's ratings as float64; one that is not a finite float32 number is an error."""
+    try:
+        values = np.asarray(chunk.ratings, dtype=np.float64)
+    except (TypeError, ValueError):  # text that is not a number: find it
+        values = np.asarray(pd.to_numeric(chunk.ratings, errors="coerce"), dtype=np.float64)
+    bad = ~(np.abs(values) <= _F32_MAX)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise IngestError(
+            f"{records.where(chunk.seq[k])}: rating {show(chunk.ratings[k])} is not a finite "
+            "number; fix or remove it"
+        )
+    return values
+
+
+def _integer_ids(ids: np.ndarray) -> np.ndarray:
+    """Text ids as int64 when every one is a plain integer ('17', not '017' or '1.0')."""
+    try:
+        ints = ids.astype(np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return ids
+    return ints if (ints.astype(str) == ids.astype(str)).all() else ids
+
+
+def _three(columns: Sequence[Column]) -> tuple[Column, Column, Column]:
+    if isinstance(columns, str) or len(columns) != 3:
+        raise IngestError(f"columns must name three columns (user, item, rating), got {columns!r}")
+    user, item, rating = columns
+    return user, item, rating
+
+
+def _check_chunk_rows(chunk_rows: int) -> None:
+    if chunk_rows < 1:
+        raise IngestError(f"chunk_rows must be at least 1, got {chunk_rows}")

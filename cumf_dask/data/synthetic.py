@@ -1,0 +1,751 @@
+"""Synthetic rating stores from a planted low-rank model (``cumf-dask generate``).
+
+The model: ``R = X* Theta*^T + noise`` on a sparse set of (row, column) pairs, where X* is
+m x rank, Theta* is n x rank and the noise is Gaussian with a known sigma, so a perfect
+learner of rank >= `rank` scores a test RMSE of sigma (when ratings are not clipped or rounded).
+
+Everything is a pure function of the generator settings, computed by counter-based hashing
+(splitmix64) rather than a stateful random stream:
+
+* Row degrees: row i has popularity rank ``pi(i)`` (a keyed pseudo-random permutation); the
+  degree of rank r follows the continuous Zipf mass of ``(x + 1)^-skew`` over [r, r + 1),
+  capped at n (the heaviest rows become full rows) and telescoped (degree = D(r+1) - D(r)
+  with D a rounded cumulative), so the degrees sum to `nnz` exactly, and any task computes
+  any row's degree alone.
+* Columns of a row: draws j = 0, 1, 2... of row i pick a popularity rank from the same Zipf
+  law and map it to a column with another keyed permutation (popular columns spread out);
+  the row keeps its first `degree` distinct draws. Rows too dense for that (or where draws
+  repeat too often) use the equivalent exponential race over all columns. Both are
+  successive sampling without replacement in proportion to popularity.
+* nonempty: ``max(m, n)`` forced pairs (k mod m, k mod n) through the permutations give every
+  row and every column at least one rating; forced pairs always stay in the training set.
+* X*[i], Theta*[v] and the noise of (i, v) are hashed Box-Muller normals keyed by the index
+  (and pair), so any worker regenerates any of them: nothing is stored or shared.
+
+So the store does not depend on the number of workers, their scheduling or even the tile
+sizes (tiles only order the output). One task per row band writes its band (training and
+test), then one task per column band transposes (:func:`~.builder.transpose_band`), then
+:func:`~.builder.finish_store` marks the store complete, last.
+
+GPU: with ``use_gpu`` the rating values (factors, dot products, noise) are computed with
+CuPy; which pairs exist and the split are still computed on the CPU and are identical. The
+GPU's values match the CPU's to float32 rounding, not bit for bit; each is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, fields
+from functools import cached_property, lru_cache
+from typing import Any, Literal
+
+import dask
+import numpy as np
+
+from ..compat import has_cuda, import_cupy
+from ..config import GenerateConfig
+from ..errors import ConfigError
+from .builder import finish_store, init_store, split_mask, transpose_band, write_band
+from .store import RatingsStore, default_tile
+
+Progress = Callable[[str, int, int], None]
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A data set's shape and the cuMF paper's ALS settings for it (f factors, lambda)."""
+
+    name: str
+    m: int
+    n: int
+    nnz: int
+    f: int
+    lam: float
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("netflix", 480_189, 17_770, 99_000_000, 100, 0.05),
+        Preset("yahoomusic", 1_000_990, 624_961, 252_800_000, 100, 1.4),
+        Preset("hugewiki", 50_082_603, 39_780, 3_100_000_000, 100, 0.05),
+        Preset("sparkals", 660_000_000, 2_400_000, 3_500_000_000, 10, 0.05),
+        Preset("factorbird", 229_000_000, 195_000_000, 38_500_000_000, 5, 0.05),
+        Preset("facebook", 1_000_000_000, 48_000_000, 112_000_000_000, 16, 0.05),
+    )
+}
+
+
+def resolve_shape(gen: GenerateConfig) -> tuple[int, int, int]:
+    """(m, n, nnz): the preset's numbers times `scale`, overridden by explicit m, n, nnz.
+
+    Raises ConfigError for an unknown preset, missing or non-positive sizes, more ratings
+    than cells, or (with nonempty) fewer ratings than max(m, n).
+    """
+    base: dict[str, int | None] = {"m": None, "n": None, "nnz": None}
+    if gen.preset is not None:
+        preset = PRESETS.get(gen.preset.lower())
+        if preset is None:
+            raise ConfigError(
+                f"generate.preset {gen.preset!r} is unknown; choose one of {', '.join(PRESETS)} "
+                "or give m, n and nnz"
+            )
+        if not gen.scale > 0:
+            raise ConfigError(f"generate.scale must be > 0, got {gen.scale}")
+        base = {k: max(1, round(getattr(preset, k) * gen.scale)) for k in base}
+    elif gen.scale != 1.0:
+        raise ConfigError(
+            f"generate.scale={gen.scale} multiplies a preset's sizes, but no preset is set; "
+            "choose a preset or give m, n and nnz at the size you want"
+        )
+    for key in base:
+        value = getattr(gen, key)
+        if value is not None:
+            base[key] = value
+    missing = [k for k, v in base.items() if v is None]
+    if missing:
+        raise ConfigError(
+            f"generate needs {', '.join(missing)}: give a preset ({', '.join(PRESETS)}) "
+            "or m, n and nnz"
+        )
+    m, n, nnz = (int(base[k]) for k in ("m", "n", "nnz"))  # type: ignore[arg-type]
+    for key, value in (("m", m), ("n", n), ("nnz", nnz)):
+        if value <= 0:
+            raise ConfigError(f"generate.{key} must be a positive integer, got {value}")
+    if nnz > m * n:
+        hint = (
+            f"; use scale >= {nnz / (m * n) * gen.scale:.3g} for this preset"
+            if gen.preset is not None and gen.nnz is None
+            else "; lower nnz or enlarge m, n"
+        )
+        raise ConfigError(
+            f"generate: nnz={nnz} ratings do not fit in a {m} x {n} matrix ({m * n} cells){hint}"
+        )
+    if gen.nonempty and nnz < max(m, n):
+        raise ConfigError(
+            f"generate: nonempty needs at least max(m, n) = {max(m, n)} ratings, nnz is {nnz}; "
+            "raise nnz or set nonempty: false"
+        )
+    return m, n, nnz
+
+
+# ----------------------------------------------------------------------------- hashing
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_M64 = (1 << 64) - 1
+# Independent hash streams of one seed.
+_ROW_RANK, _COL_RANK, _FORCED, _DRAW, _RACE, _X, _THETA, _NOISE = range(1, 9)
+
+
+def _splitmix(x: int) -> int:
+    """splitmix64 of a Python int (used for keys)."""
+    z = (x + _GOLDEN) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _key(seed: int, stream: int) -> int:
+    return _splitmix(_splitmix(seed & _M64) ^ stream)
+
+
+def _mix(xp: Any, z: Any) -> Any:
+    """The splitmix64 finalizer on a uint64 array (a bijection of 64-bit words)."""
+    z = z ^ (z >> xp.uint64(30))
+    z *= xp.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> xp.uint64(27)
+    z *= xp.uint64(0x94D049BB133111EB)
+    z ^= z >> xp.uint64(31)
+    return z
+
+
+def _hash(xp: Any, key: Any, a: Any) -> Any:
+    """64-bit hash of the words `a` under `key` (a scalar or a broadcastable uint64 array)."""
+    return _mix(xp, xp.asarray(a).astype(xp.uint64) * xp.uint64(_GOLDEN) + key)
+
+
+def _unit(xp: Any, z: Any) -> Any:
+    """Uniform floats in (0, 1) from 64-bit hashes."""
+    return ((z >> xp.uint64(11)).astype(xp.float64) + 0.5) * 2.0**-53
+
+
+def _normal_pairs(xp: Any, z: Any) -> tuple[Any, Any]:
+    """Two standard normals per 64-bit hash (Box-Muller on its two 32-bit halves)."""
+    u1 = ((z >> xp.uint64(32)).astype(xp.float64) + 0.5) * 2.0**-32
+    u2 = (z & xp.uint64(0xFFFFFFFF)).astype(xp.float64) * (2 * math.pi * 2.0**-32)
+    r = xp.sqrt(-2.0 * xp.log(u1))
+    return r * xp.cos(u2), r * xp.sin(u2)
+
+
+class _Permutation:
+    """A keyed pseudo-random bijection of [0, size): multiply/xorshift rounds on the next
+    power of two, cycle-walked into range; ``inverse`` undoes it."""
+
+    def __init__(self, size: int, key: int):
+        self.size = size
+        bits = max(2, (size - 1).bit_length())
+        self.mask = np.uint64((1 << bits) - 1)
+        self.shift = np.uint64((bits + 1) // 2)  # one xorshift by >= bits/2 undoes itself
+        words = [_splitmix(key + i) for i in range(4)]
+        self.mul = [np.uint64(words[0] | 1), np.uint64(words[1] | 1)]
+        self.add = [np.uint64(words[2]), np.uint64(words[3])]
+        self.inv = [np.uint64(pow(int(a), -1, 1 << 64)) for a in self.mul]
+
+    def _forward(self, x: np.ndarray) -> np.ndarray:
+        for a, b in zip(self.mul, self.add, strict=True):
+            x = (x * a + b) & self.mask
+            x ^= x >> self.shift
+        return x
+
+    def _backward(self, x: np.ndarray) -> np.ndarray:
+        for a, b in zip(self.inv[::-1], self.add[::-1], strict=True):
+            x = x ^ (x >> self.shift)
+            x = ((x - b) * a) & self.mask
+        return x
+
+    def _walk(self, step: Callable[[np.ndarray], np.ndarray], x: Any) -> np.ndarray:
+        x = step(np.asarray(x, dtype=np.int64).astype(np.uint64))
+        todo = np.flatnonzero(x >= self.size)
+        while todo.size:
+            y = step(x[todo])
+            x[todo] = y
+            todo = todo[y >= self.size]
+        return x.astype(np.int64)
+
+    def __call__(self, x: Any) -> np.ndarray:
+        return self._walk(self._forward, x)
+
+    def inverse(self, y: Any) -> np.ndarray:
+        return self._walk(self._backward, y)
+
+
+def _zipf_cdf(x: Any, skew: float) -> Any:
+    """Phi(x) = integral of (t + 1)^-skew over [0, x]: the continuous Zipf mass below rank x."""
+    if abs(1.0 - skew) < 1e-12:
+        return np.log1p(x)
+    return np.expm1((1.0 - skew) * np.log1p(x)) / (1.0 - skew)
+
+
+def _zipf_cdf_inv(y: np.ndarray, skew: float) -> np.ndarray:
+    if abs(1.0 - skew) < 1e-12:
+        return np.expm1(y)
+    return np.expm1(np.log1p((1.0 - skew) * y) / (1.0 - skew))
+
+
+# ----------------------------------------------------------------------------- the model
+
+#: rows whose degree is at least this share of the free columns use the exponential race
+_DENSE_SHARE = 0.5
+#: cells (rows x columns) of one batch of the exponential race
+_RACE_CELLS = 1 << 22
+#: ratings per chunk when computing values (bounds the rank-wide temporaries)
+_VALUE_CHUNK = 1 << 20
+#: Theta* is tabulated once per process when n * rank is at most this
+_THETA_TABLE = 1 << 24
+
+
+@dataclass(frozen=True)
+class PlantedModel:
+    """The planted model of a synthetic store: shape, degrees, factors and noise.
+
+    Ratings have mean `mean` and signal std `signal_std` before noise: the midpoint-ish
+    ``lo + 0.625 (hi - lo)`` and ``(hi - lo) / 4`` of a rating scale [lo, hi] (3.5 and 1 on
+    1-5 stars), or 3.5 and 1 when no scale is set. X* and Theta* entries are normals with an
+    offset so that ``X* Theta*^T`` has exactly rank `rank` and those moments.
+    """
+
+    m: int
+    n: int
+    nnz: int
+    rank: int = 10
+    noise: float = 0.1
+    skew: float = 0.8
+    rating_min: float | None = None
+    rating_max: float | None = None
+    round: bool = False
+    nonempty: bool = True
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, gen: GenerateConfig) -> PlantedModel:
+        """Validate `gen` and resolve its shape (see :func:`resolve_shape`)."""
+        m, n, nnz = resolve_shape(gen)
+        checks = (
+            (gen.rank >= 1, f"generate.rank must be >= 1, got {gen.rank}"),
+            (gen.noise >= 0, f"generate.noise (sigma) must be >= 0, got {gen.noise}"),
+            (gen.skew >= 0, f"generate.skew (Zipf exponent) must be >= 0, got {gen.skew}"),
+            (
+                gen.rating_min is None or gen.rating_max is None or gen.rating_min < gen.rating_max,
+                f"generate.rating_min ({gen.rating_min}) must be below rating_max "
+                f"({gen.rating_max})",
+            ),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        return cls(
+            m=m, n=n, nnz=nnz, rank=gen.rank, noise=float(gen.noise), skew=float(gen.skew),
+            rating_min=gen.rating_min, rating_max=gen.rating_max, round=gen.round,
+            nonempty=gen.nonempty, seed=gen.seed,
+        )  # fmt: skip
+
+    @classmethod
+    def from_source(cls, source: dict[str, Any]) -> PlantedModel:
+        """The model of a generated store, from its ``source`` attribute."""
+        if source.get("kind") != "synthetic":
+            raise ConfigError("this store was not generated: it has no planted model")
+        return cls(**{f.name: source[f.name] for f in fields(cls)})
+
+    # ------------------------------------------------------------------ rating moments
+    @property
+    def mean(self) -> float:
+        lo, hi = self.rating_min, self.rating_max
+        return lo + 0.625 * (hi - lo) if lo is not None and hi is not None else 3.5
+
+    @property
+    def signal_std(self) -> float:
+        lo, hi = self.rating_min, self.rating_max
+        return (hi - lo) / 4 if lo is not None and hi is not None else 1.0
+
+    @cached_property
+    def _factor_moments(self) -> tuple[float, float]:
+        """(offset, std) of the factor entries: rank*a^2 = mean, rank(2a^2b^2 + b^4) = std^2."""
+        a2 = abs(self.mean) / self.rank
+        b2 = math.sqrt(a2 * a2 + self.signal_std**2 / self.rank) - a2
+        return math.sqrt(a2), math.sqrt(b2)
+
+    # ------------------------------------------------------------------ degrees
+    @cached_property
+    def _row_perm(self) -> _Permutation:
+        return _Permutation(self.m, _key(self.seed, _ROW_RANK))
+
+    @cached_property
+    def _col_perm(self) -> _Permutation:
+        return _Permutation(self.n, _key(self.seed, _COL_RANK))
+
+    @cached_property
+    def _forced_perm(self) -> _Permutation:
+        return _Permutation(self.n, _key(self.seed, _FORCED))
+
+    @property
+    def n_forced(self) -> int:
+        """Forced pairs (k mod m, k mod n), k < max(m, n): one per row and column at least."""
+        return max(self.m, self.n) if self.nonempty else 0
+
+    def _forced_count(self, rank: np.ndarray) -> np.ndarray:
+        q, rem = divmod(self.n_forced, self.m)
+        return q + (rank < rem).astype(np.int64)
+
+    def _sum_capacity(self, h: int) -> int:
+        """Free columns (n minus forced ones) summed over the ranks below h."""
+        q, rem = divmod(self.n_forced, self.m)
+        return h * self.n - (q * h + min(h, rem))
+
+    @cached_property
+    def _degree_plan(self) -> tuple[int, int, float, float]:
+        """(h, R, Phi(h), Phi(m) - Phi(h)): ranks below h are full rows; the other ranks share
+        the R remaining extra ratings by Zipf mass, each at most its capacity minus one before
+        rounding (so at most its capacity after). h is the least rank where that holds; the
+        condition is monotone in h, hence the bisection."""
+        m, s = self.m, self.skew
+        extras = self.nnz - self.n_forced
+        q, rem = divmod(self.n_forced, m)
+
+        def fits(h: int) -> bool:
+            if h >= m:
+                return True
+            rest = extras - self._sum_capacity(h)
+            phi = _zipf_cdf(np.array([h, h + 1, m], np.float64), s)
+            cap = self.n - q - (1 if h < rem else 0)
+            return rest * (phi[1] - phi[0]) <= (cap - 1) * (phi[2] - phi[0])
+
+        lo, hi = 0, m
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        phi_h, phi_m = _zipf_cdf(np.array([lo, m], np.float64), s)
+        return lo, extras - self._sum_capacity(lo), float(phi_h), float(phi_m - phi_h)
+
+    def _extras(self, rank: np.ndarray) -> np.ndarray:
+        """Unforced ratings of the rows with these ranks (telescoped: they sum to exactly
+        nnz - n_forced over all ranks)."""
+        h, rest, phi_h, width = self._degree_plan
+        cap = self.n - self._forced_count(rank)
+        if h >= self.m:
+            return cap
+        r = np.maximum(rank, h).astype(np.float64)
+
+        def cum(x: np.ndarray) -> np.ndarray:
+            return np.rint(rest * ((_zipf_cdf(x, self.skew) - phi_h) / width))
+
+        mid = (cum(r + 1) - cum(r)).astype(np.int64)
+        return np.where(rank < h, cap, np.clip(mid, 0, cap))
+
+    def degrees(self, rows: np.ndarray) -> np.ndarray:
+        """Ratings (training and test) of the given rows; they sum to nnz over all rows."""
+        rank = self._row_perm(rows)
+        return self._forced_count(rank) + self._extras(rank)
+
+    # ------------------------------------------------------------------ pairs
+    def band_pairs(
+        self, r0: int, r1: int, tile_cols: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row, col, forced) of rows [r0, r1), sorted by (column tile, row, column)."""
+        coder = _KeyCoder(r1 - r0, tile_cols)
+        rows = np.arange(r0, r1, dtype=np.int64)
+        rank = self._row_perm(rows)
+        f = self._forced_count(rank)
+        need = self._extras(rank)
+        local = np.repeat(np.arange(rows.size), f)
+        j = np.arange(local.size) - np.repeat(np.cumsum(f) - f, f)
+        k = rank[local] + j * self.m
+        forced_keys = np.sort(coder.encode(local, self._forced_perm(k % self.n)))
+
+        cap = self.n - f
+        dense = need >= _DENSE_SHARE * cap
+        pieces = [forced_keys]
+        sparse_keys, switch = self._draw_sparse(rows, need * ~dense, cap, forced_keys, coder)
+        pieces.append(sparse_keys)
+        dense_rows = np.flatnonzero(dense | (switch > 0))
+        if dense_rows.size:
+            remaining = np.where(dense, need, switch)[dense_rows]
+            taken = np.sort(np.concatenate(pieces))
+            pieces.append(self._draw_race(rows, dense_rows, remaining, taken, coder))
+        keys = np.sort(np.concatenate(pieces), kind="stable")
+        local, col = coder.decode(keys)
+        forced = np.zeros(keys.size, bool)
+        if forced_keys.size:
+            pos = np.minimum(np.searchsorted(forced_keys, keys), forced_keys.size - 1)
+            forced = forced_keys[pos] == keys
+        return local + r0, col, forced
+
+    def _draw_sparse(
+        self,
+        rows: np.ndarray,
+        need: np.ndarray,
+        cap: np.ndarray,
+        forced_keys: np.ndarray,
+        coder: _KeyCoder,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The first `need` distinct unforced columns of each row's draws j = 0, 1, 2, ...
+
+        Draws go in rounds sized from each row's own acceptance rate (so a row's result
+        never depends on the other rows). Returns the accepted keys and, per row, how many
+        ratings are still missing where further draws would cost more than the race over
+        all columns (those rows are finished by :meth:`_draw_race`).
+        """
+        key = _key(self.seed, _DRAW)
+        phi_n = float(_zipf_cdf(np.float64(self.n), self.skew))
+        need = need.copy()
+        drawn = np.zeros(rows.size, np.int64)
+        batch = np.ceil(need * 1.1).astype(np.int64) + 2 * (need > 0)
+        switch = np.zeros(rows.size, np.int64)
+        accepted: list[np.ndarray] = []
+        owners: list[np.ndarray] = []  # local row of each accepted key
+        forced_local = coder.decode(forced_keys)[0]
+        while True:
+            active = np.flatnonzero(need > 0)
+            if not active.size:
+                break
+            k = batch[active]
+            local = np.repeat(active, k)
+            start = np.cumsum(k) - k
+            j = np.arange(local.size) - np.repeat(start, k) + drawn[local]
+            u = _unit(np, _hash(np, _hash(np, np.uint64(key), rows[local]), j))
+            rank = np.minimum(_zipf_cdf_inv(u * phi_n, self.skew), self.n - 1).astype(np.int64)
+            cand = coder.encode(local, self._col_perm(rank))
+            is_active = np.zeros(rows.size, bool)
+            is_active[active] = True
+            prior = np.concatenate([forced_keys, *accepted])
+            prior = prior[is_active[np.concatenate([forced_local, *owners])]]
+            uniq, first = np.unique(np.concatenate([prior, cand]), return_index=True)
+            fresh = first >= prior.size
+            uniq, first = uniq[fresh], first[fresh] - prior.size
+            is_new = np.zeros(cand.size, bool)
+            is_new[first] = True
+            before = np.cumsum(is_new) - is_new
+            before -= np.repeat(before[start], k)  # new distinct draws earlier in the row
+            take = is_new & (before < np.repeat(need[active], k))
+            keep = take[first]
+            accepted.append(uniq[keep])
+            owners.append(local[first[keep]])
+            new = np.bincount(local[is_new], minlength=rows.size)[active]
+            got = np.bincount(local[take], minlength=rows.size)[active]
+            need[active] -= got
+            drawn[active] += k
+            left = need[active]
+            rate = new / k
+            # expected draws to finish vs the race's cost (one key per free column)
+            slow = (left > 0) & (left > rate * cap[active])
+            switch[active[slow]] = left[slow]
+            need[active[slow]] = 0
+            batch[active] = np.ceil(left / np.maximum(rate, 1e-9) * 1.2).astype(np.int64) + 2
+        return np.concatenate(accepted) if accepted else np.zeros(0, np.int64), switch
+
+    def _draw_race(
+        self,
+        rows: np.ndarray,
+        which: np.ndarray,
+        need: np.ndarray,
+        taken: np.ndarray,
+        coder: _KeyCoder,
+    ) -> np.ndarray:
+        """`need` more columns for rows `which` by an exponential race over all columns:
+        the columns with the least Exp(1) / popularity, skipping the `taken` keys."""
+        key = _key(self.seed, _RACE)
+        ranks = np.arange(self.n, dtype=np.float64)
+        weight = _zipf_cdf(ranks + 1, self.skew) - _zipf_cdf(ranks, self.skew)
+        taken_local, taken_col = coder.decode(taken)
+        out = []
+        per_batch = max(1, _RACE_CELLS // self.n)
+        for b0 in range(0, which.size, per_batch):
+            batch = which[b0 : b0 + per_batch]
+            z = _hash(np, _hash(np, np.uint64(key), rows[batch])[:, None], np.arange(self.n))
+            race = -np.log(_unit(np, z)) / weight
+            hit = np.isin(taken_local, batch)
+            slot = np.searchsorted(batch, taken_local[hit])
+            race[slot, self._col_perm.inverse(taken_col[hit])] = np.inf
+            want = need[b0 : b0 + per_batch]
+            order = np.argsort(race, axis=1)
+            pick = np.arange(self.n)[None, :] < want[:, None]
+            local = np.broadcast_to(batch[:, None], order.shape)[pick]
+            out.append(coder.encode(local, self._col_perm(order[pick])))
+        return np.concatenate(out)
+
+    # ------------------------------------------------------------------ values
+    def _factors(self, xp: Any, stream: int, index: Any) -> Any:
+        """Rows `index` of X* (stream _X) or Theta* (stream _THETA), float32 (len, rank)."""
+        offset, std = self._factor_moments
+        if stream == _THETA and self.mean < 0:
+            offset = -offset
+        pairs = (self.rank + 1) // 2
+        base = _hash(xp, xp.uint64(_key(self.seed, stream)), index)
+        z = _hash(xp, base[:, None], xp.arange(pairs))
+        c, s = _normal_pairs(xp, z)
+        normals = xp.stack([c, s], axis=2).reshape(len(index), 2 * pairs)[:, : self.rank]
+        return (offset + std * normals).astype(xp.float32)
+
+    def x(self, rows: Any, xp: Any = np) -> Any:
+        """Rows of the planted X* (float32, len(rows) x rank)."""
+        return self._factors(xp, _X, xp.asarray(rows))
+
+    def theta(self, cols: Any, xp: Any = np) -> Any:
+        """Rows of the planted Theta* (float32, len(cols) x rank)."""
+        return self._factors(xp, _THETA, xp.asarray(cols))
+
+    def clean(self, rows: Any, cols: Any, xp: Any = np) -> Any:
+        """The planted X*[rows] . Theta*[cols] (float32), before noise, clipping, rounding."""
+        rows, cols = xp.asarray(rows), xp.asarray(cols)
+        return (self.x(rows, xp) * self.theta(cols, xp)).sum(axis=1)
+
+    def ratings(
+        self, rows: np.ndarray, cols: np.ndarray, use_gpu: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(rating, clean) of the pairs: clean plus noise, clipped and rounded, float32."""
+        xp = import_cupy() if use_gpu else np
+        vals, cleans = [], []
+        r_lo = int(rows.min()) if rows.size else 0
+        x_rows = self.x(xp.arange(r_lo, int(rows.max()) + 1 if rows.size else 0), xp)
+        table = _theta_table(self, use_gpu) if self.n * self.rank <= _THETA_TABLE else None
+        for c0 in range(0, rows.size, _VALUE_CHUNK):
+            r = xp.asarray(rows[c0 : c0 + _VALUE_CHUNK])
+            c = xp.asarray(cols[c0 : c0 + _VALUE_CHUNK])
+            if table is not None:
+                theta = table[c]
+            else:
+                uniq, inv = xp.unique(c, return_inverse=True)
+                theta = self.theta(uniq, xp)[inv.ravel()]
+            clean = (x_rows[r - r_lo] * theta).sum(axis=1)
+            z = _hash(xp, _hash(xp, xp.uint64(_key(self.seed, _NOISE)), r), c)
+            val = clean + self.noise * _normal_pairs(xp, z)[0]
+            if self.rating_min is not None:
+                val = xp.maximum(val, self.rating_min)
+            if self.rating_max is not None:
+                val = xp.minimum(val, self.rating_max)
+            if self.round:
+                val = xp.rint(val)
+            vals.append(val.astype(xp.float32))
+            cleans.append(clean)
+        if not vals:
+            return np.zeros(0, np.float32), np.zeros(0, np.float32)
+        val, clean = xp.concatenate(vals), xp.concatenate(cleans)
+        return (val.get(), clean.get()) if use_gpu else (val, clean)
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def generate(
+    url: str | os.PathLike[str],
+    gen: GenerateConfig,
+    *,
+    test_fraction: float = 0.1,
+    split_seed: int = 0,
+    tile_rows: int | None = None,
+    tile_cols: int | None = None,
+    client: Any = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    use_gpu: bool | Literal["auto"] = "auto",
+) -> RatingsStore:
+    """Generate a planted-model store at `url`: one task per row band, then per column band.
+
+    `client` is a ``distributed.Client`` (tasks run on its workers; a local path must be
+    shared by them) or None: a thread pool of dask's ``num_workers`` (default: one per core).
+    `progress(stage, done, total)` is called as bands finish, stage "generate" then
+    "transpose". `use_gpu`: True computes rating values with CuPy, "auto" where a worker
+    sees a GPU, False never. On any error the partial store is removed (a local `url`) and
+    is never marked complete.
+    """
+    model = PlantedModel.from_config(gen)
+    if not 0 <= test_fraction < 1:
+        raise ConfigError(f"data.test_fraction must be in [0, 1), got {test_fraction}")
+    for name, value in (("tile_rows", tile_rows), ("tile_cols", tile_cols)):
+        if value is not None and value < 1:
+            raise ConfigError(f"data.{name} must be a positive integer or null, got {value}")
+    if use_gpu not in (True, False, "auto"):
+        raise ConfigError(f"use_gpu must be True, False or 'auto', got {use_gpu!r}")
+    if use_gpu is True and client is None and not has_cuda():
+        raise ConfigError("use_gpu=True but no CUDA GPU with cupy is visible; use 'auto' or False")
+    m, n, nnz = model.m, model.n, model.nnz
+    tile_rows = tile_rows or default_tile(m, n, nnz)
+    tile_cols = tile_cols or default_tile(n, m, nnz)
+    url = str(url)
+    init_store(url, m, n, tile_rows, tile_cols, overwrite=overwrite)
+    try:
+        bands = [
+            (url, model, a, tile_rows, tile_cols, test_fraction, split_seed, use_gpu)
+            for a in range(math.ceil(m / tile_rows))
+        ]
+        rows = _run(client, _row_band, bands, "generate", progress)
+        cols = _run(client, transpose_band, [(url, b) for b in range(math.ceil(n / tile_cols))],
+                    "transpose", progress)  # fmt: skip
+        n_test = sum(r[1]["nnz"] for r in rows) if test_fraction > 0 else 0
+        source = {
+            "kind": "synthetic",
+            "preset": gen.preset,
+            "scale": gen.scale,
+            **{f.name: getattr(model, f.name) for f in fields(model)},
+            "mean": model.mean,
+            "signal_std": model.signal_std,
+            "test_fraction": test_fraction,
+            "split_seed": split_seed,
+            # what a perfect rank-`rank` learner scores on the test set (sigma, up to
+            # sampling, unless ratings are clipped or rounded)
+            "planted_test_rmse": math.sqrt(sum(r[2] for r in rows) / n_test) if n_test else None,
+        }
+        return finish_store(
+            url, [r[0] for r in rows], cols, [r[1] for r in rows] if test_fraction > 0 else None,
+            source=source,
+        )  # fmt: skip
+    except BaseException:
+        if "://" not in url:
+            shutil.rmtree(url, ignore_errors=True)
+        raise
+
+
+def _row_band(
+    url: str,
+    model: PlantedModel,
+    band: int,
+    tile_rows: int,
+    tile_cols: int,
+    test_fraction: float,
+    split_seed: int,
+    use_gpu: bool | Literal["auto"],
+) -> tuple[dict[str, float], dict[str, float], float]:
+    """Generate and write row band `band` (training and test): (row summary, test summary,
+    squared error of the test ratings against the planted model)."""
+    r0 = band * tile_rows
+    row, col, forced = model.band_pairs(r0, min(r0 + tile_rows, model.m), tile_cols)
+    val, clean = model.ratings(row, col, use_gpu=use_gpu is True or (use_gpu and has_cuda()))
+    test = split_mask(row, col, test_fraction, split_seed) & ~forced
+    train = ~test
+    summary = write_band(url, "row", band, row[train], col[train], val[train], sorted_=True)
+    if test_fraction <= 0:
+        return summary, {}, 0.0
+    test_summary = write_band(url, "test", band, row[test], col[test], val[test], sorted_=True)
+    err = val[test].astype(np.float64) - clean[test]
+    return summary, test_summary, float(err @ err)
+
+
+def _run(
+    client: Any,
+    fn: Callable[..., Any],
+    tasks: Sequence[tuple[Any, ...]],
+    stage: str,
+    progress: Progress | None,
+) -> list[Any]:
+    """fn(*args) for every args in `tasks`, in parallel; results in task order.
+
+    On an error the tasks not started are cancelled, and (threads) the running ones are
+    waited for, so nothing writes to the store after this returns or raises.
+    """
+    results: list[Any] = [None] * len(tasks)
+
+    def report(done: int) -> None:
+        if progress is not None:
+            progress(stage, done, len(tasks))
+
+    if client is None:
+        workers = dask.config.get("num_workers", None) or os.cpu_count() or 1
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(fn, *args): i for i, args in enumerate(tasks)}
+            try:
+                for done, future in enumerate(as_completed(futures), 1):
+                    results[futures[future]] = future.result()
+                    report(done)
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+        return results
+    from distributed import as_completed as completed
+
+    futures = [client.submit(fn, *args, pure=False) for args in tasks]
+    index = {f.key: i for i, f in enumerate(futures)}
+    try:
+        for done, future in enumerate(completed(futures), 1):
+            results[index[future.key]] = future.result()
+            report(done)
+    except BaseException:
+        client.cancel(futures)
+        raise
+    return results
+
+
+@lru_cache(maxsize=2)
+def _theta_table(model: PlantedModel, use_gpu: bool) -> Any:
+    """All of Theta* for a small n, once per process."""
+    xp = import_cupy() if use_gpu else np
+    return model.theta(xp.arange(model.n), xp)
+
+
+class _KeyCoder:
+    """(local row, column) <-> one int64 whose order is (column tile, row, column): the
+    order of a band in the store, so sorting keys both deduplicates and orders a band."""
+
+    def __init__(self, n_rows: int, tile_cols: int):
+        self.tile_cols = tile_cols
+        self.col_bits = (tile_cols - 1).bit_length()
+        self.row_bits = (max(n_rows, 1) - 1).bit_length()
+
+    def encode(self, local: np.ndarray, col: np.ndarray) -> np.ndarray:
+        tile, within = np.divmod(col, self.tile_cols)
+        return (((tile << self.row_bits) | local) << self.col_bits) | within
+
+    def decode(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        within = keys & ((1 << self.col_bits) - 1)
+        rest = keys >> self.col_bits
+        local = rest & ((1 << self.row_bits) - 1)
+        return local, (rest >> self.row_bits) * self.tile_cols + within

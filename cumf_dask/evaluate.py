@@ -1,0 +1,63 @@
+"""Ranking metrics on held-out ratings: precision, recall and NDCG at k."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .data.store import RatingsStore
+from .errors import StoreError
+
+if TYPE_CHECKING:
+    from .model import ALS
+
+
+def ranking_metrics(
+    model: ALS,
+    store: RatingsStore,
+    k: int = 10,
+    threshold: float | None = None,
+    max_users: int | None = 10_000,
+    seed: int = 0,
+) -> dict[str, float]:
+    """precision@k, recall@k, ndcg@k over users with held-out ratings.
+
+    Relevant items are a user's held-out items (rated >= `threshold` when given); training
+    items are excluded from the recommendations. At most `max_users` users (a seeded sample).
+    """
+    if not store.has_test:
+        raise StoreError(
+            f"{store.url}: the store has no held-out ratings; ingest or generate it with a "
+            "test fraction (--test-fraction) to compute ranking metrics"
+        )
+    rows, cols, vals = store.read_coo("test")
+    if threshold is not None:
+        keep = vals >= threshold
+        rows, cols = rows[keep], cols[keep]
+    users = np.unique(rows)
+    if users.size == 0:
+        raise StoreError("no held-out rating passes the relevance threshold")
+    if max_users is not None and users.size > max_users:
+        users = np.sort(np.random.default_rng(seed).choice(users, max_users, replace=False))
+    order = np.argsort(rows, kind="stable")
+    rows, cols = rows[order], cols[order]
+    starts = np.searchsorted(rows, users)
+    ends = np.searchsorted(rows, users, side="right")
+    top, _ = model.recommend(users, k=k, exclude_seen=True, store=store)
+    discounts = 1.0 / np.log2(np.arange(2, k + 2))
+    precision = recall = ndcg = 0.0
+    for pos in range(users.size):
+        relevant = cols[starts[pos] : ends[pos]]
+        hits = np.isin(top[pos], relevant)
+        precision += hits.sum() / k
+        recall += hits.sum() / relevant.size
+        ideal = discounts[: min(relevant.size, k)].sum()
+        ndcg += (discounts[: hits.size] * hits).sum() / ideal
+    count = users.size
+    return {
+        f"precision@{k}": precision / count,
+        f"recall@{k}": recall / count,
+        f"ndcg@{k}": ndcg / count,
+        "users": int(count),
+    }

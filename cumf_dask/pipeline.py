@@ -1,0 +1,154 @@
+"""A whole configured job: data -> plan -> fit -> evaluate -> save, recorded in a run folder."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .backend import resolve_backend_name
+from .config import Config, parse_size
+from .data.store import RatingsStore
+from .engine.cluster import cluster_client, worker_addresses, worker_memory
+from .errors import StoreError
+from .model import ALS
+from .plan import Plan, make_plan
+from .records import RunFolder
+
+Progress = Callable[[str, int, int], None]
+Log = Callable[[str], None]
+
+
+def prepare_store(
+    config: Config, client: Any = None, progress: Progress | None = None, log: Log = print
+) -> RatingsStore:
+    """Open the configured store, generating or ingesting it first when the config says so.
+
+    An existing complete store is reused unless ``data.overwrite`` is true.
+    """
+    data = config.data
+    if data.source == "store":
+        return RatingsStore.open(data.store)
+    if not data.overwrite:
+        try:
+            store = RatingsStore.open(data.store)
+        except StoreError:
+            pass
+        else:
+            _check_reuse(config, store)
+            log(f"using the existing store {data.store} (data.overwrite: true rebuilds it)")
+            return store
+    if data.source == "generate":
+        from .data.synthetic import generate
+
+        return generate(
+            data.store, data.generate, test_fraction=data.test_fraction,
+            split_seed=data.split_seed, tile_rows=data.tile_rows, tile_cols=data.tile_cols,
+            client=client, overwrite=True, progress=progress,
+        )  # fmt: skip
+    from .data.ingest import ingest_from_config
+
+    # A store that failed to open (missing or partial) is replaced.
+    return ingest_from_config(replace(data, overwrite=True), progress=progress)
+
+
+def _check_reuse(config: Config, store: RatingsStore) -> None:
+    """Refuse to silently reuse a store that was built from other settings than the config's."""
+    data = config.data
+    if data.source != "generate":
+        return  # an ingested store is reused as it is (the log line says how to rebuild)
+    from .data.synthetic import resolve_shape
+
+    m, n, nnz = resolve_shape(data.generate)
+    want = {"m": m, "n": n, "nnz": nnz, "seed": data.generate.seed,
+            "test_fraction": data.test_fraction}  # fmt: skip
+    got = {key: store.source.get(key) for key in want}
+    if got != want:
+        raise StoreError(
+            f"{data.store} exists but was built with {got}, the config asks for {want}; set "
+            "data.overwrite: true to rebuild it, or point data.store elsewhere"
+        )
+
+
+def plan_for(config: Config, store: RatingsStore, client: Any) -> Plan:
+    """The plan for this config on this client's workers."""
+    backend = resolve_backend_name(config.cluster.backend)
+    budget = worker_memory(client, backend)
+    if config.plan.memory_budget is not None:
+        budget = parse_size(config.plan.memory_budget, budget) or budget
+    return make_plan(
+        store.m, store.n, store.nnz, config.model.factors, len(worker_addresses(client)),
+        budget, store.counts("row"), store.counts("col"), config.plan, backend,
+    )  # fmt: skip
+
+
+@dataclass
+class TrainResult:
+    model: ALS
+    run: RunFolder
+    store: RatingsStore
+    summary: dict[str, Any]
+
+
+def train(
+    config: Config,
+    *,
+    resume: bool = False,
+    client: Any = None,
+    on_iteration: Callable[[dict[str, Any]], None] | None = None,
+    progress: Progress | None = None,
+    log: Log = print,
+) -> TrainResult:
+    """Run a configured job end to end and write its run folder."""
+    if client is None:
+        with cluster_client(config.cluster) as own:
+            return train(config, resume=resume, client=own, on_iteration=on_iteration,
+                         progress=progress, log=log)  # fmt: skip
+    if client.dashboard_link:
+        log(f"Dask dashboard: {client.dashboard_link}")
+    store = prepare_store(config, client, progress, log)
+    run = RunFolder.latest(config) if resume else None
+    if resume and run is None:
+        log(f"no earlier run of '{config.output.name}' with checkpoints: starting fresh")
+    run = run or RunFolder.create(config)
+    run.write_config(config)
+    started = time.perf_counter()
+
+    def record(metrics: dict[str, Any]) -> None:
+        run.append_metrics(metrics)
+        if on_iteration:
+            on_iteration(metrics)
+
+    model = ALS(
+        config.model.factors, config.model.regularization, config.model.iterations,
+        config.model.seed, backend=config.cluster.backend, plan=config.plan,
+        checkpoint_dir=str(run.checkpoints) if config.output.checkpoint else None,
+        callbacks=[record],
+    )  # fmt: skip
+    model.fit(store, client=client, resume=resume)
+    run.write_plan(model.plan_)
+    model.save(run.model)
+    plot = run.plot(model.metrics_, f"{config.output.name}: {store.m:,} x {store.n:,}, "
+                                    f"f={config.model.factors}")  # fmt: skip
+    last = model.metrics_[-1] if model.metrics_ else {}
+    summary = {
+        "run": str(run.path),
+        "store": store.url,
+        "shape": [store.m, store.n],
+        "nnz": store.nnz,
+        "factors": config.model.factors,
+        "iterations": len(model.metrics_),
+        "seconds": time.perf_counter() - started,
+        "seconds_per_iteration": (
+            sum(r["seconds"] for r in model.metrics_) / len(model.metrics_)
+            if model.metrics_ else None
+        ),
+        "train_rmse": last.get("train_rmse"),
+        "test_rmse": last.get("test_rmse"),
+        "planted_test_rmse": store.source.get("planted_test_rmse"),
+        "model": str(run.model),
+        "plot": str(plot) if plot else None,
+    }  # fmt: skip
+    run.write_summary(summary)
+    return TrainResult(model, run, store, summary)

@@ -1,0 +1,93 @@
+"""Run folders: resolved config, plan, per-iteration metrics (JSON lines), model, RMSE plot."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import Config
+from .plan import Plan
+
+
+class RunFolder:
+    """``<output.dir>/<output.name>-<timestamp>/`` and what a training run writes into it."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, config: Config) -> RunFolder:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = Path(config.output.dir) / f"{config.output.name}-{stamp}"
+        path, n = base, 1
+        while path.exists():
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+        path.mkdir(parents=True)
+        return cls(path)
+
+    @classmethod
+    def latest(cls, config: Config) -> RunFolder | None:
+        """The newest run folder of this config's name that has checkpoints (for --resume)."""
+        root = Path(config.output.dir)
+        found = sorted(
+            (p for p in root.glob(f"{config.output.name}-*") if (p / "checkpoints").is_dir()),
+            key=lambda p: p.stat().st_mtime,
+        )
+        return cls(found[-1]) if found else None
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def model(self) -> Path:
+        return self.path / "model.zarr"
+
+    def write_config(self, config: Config) -> None:
+        (self.path / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+    def write_plan(self, plan: Plan) -> None:
+        (self.path / "plan.txt").write_text(plan.table() + "\n")
+        (self.path / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        with open(self.path / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        (self.path / "summary.json").write_text(json.dumps(summary, indent=1))
+
+    def plot(self, metrics: list[dict[str, Any]], title: str = "") -> Path | None:
+        """rmse.png: train/test RMSE against iteration and against time."""
+        return plot_rmse(metrics, self.path / "rmse.png", title)
+
+
+def plot_rmse(metrics: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:
+    """Two panels, RMSE by iteration and by elapsed seconds; None if there is nothing to plot."""
+    if not metrics or "train_rmse" not in metrics[0]:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    its = [r["iteration"] for r in metrics]
+    secs = [r.get("elapsed", 0.0) for r in metrics]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    for ax, xs, label in ((axes[0], its, "iteration"), (axes[1], secs, "seconds")):
+        for key, style in (("train_rmse", "o-"), ("test_rmse", "s--")):
+            if key in metrics[0]:
+                ax.plot(xs, [r[key] for r in metrics], style, label=key.replace("_", " "))
+        ax.set_xlabel(label)
+        ax.set_ylabel("RMSE")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title or "cumf-dask training")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

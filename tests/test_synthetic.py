@@ -1,0 +1,264 @@
+"""Synthetic generator: deterministic whatever the workers, the planted model's statistics."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+import zarr
+from conftest import HAS_CUDA
+from distributed import Client, LocalCluster
+
+from cumf_dask.config import GenerateConfig
+from cumf_dask.data import synthetic
+from cumf_dask.data.store import RatingsStore
+from cumf_dask.data.synthetic import PRESETS, PlantedModel, generate, resolve_shape
+from cumf_dask.errors import ConfigError, StoreError
+
+SMALL = GenerateConfig(m=2000, n=300, nnz=40_000, rank=4, noise=0.3, seed=7)
+TILES = {"tile_rows": 256, "tile_cols": 64}
+
+
+def snapshot(url):
+    """Every array and the attributes of a store, for exact comparison."""
+    group = zarr.open_group(str(url), mode="r")
+    out = {"attrs": dict(group.attrs)}
+    for path, node in group.members(max_depth=None):
+        if isinstance(node, zarr.Array):
+            out[path] = np.asarray(node[:])
+    return out
+
+
+def assert_same_store(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        if key == "attrs":
+            assert a[key] == b[key]
+        else:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def triples(store):
+    """Training and test ratings as {(row, col): rating}."""
+    out = {}
+    for kind in ("row", "test"):
+        row, col, val = store.read_coo(kind)
+        out.update(zip(zip(row.tolist(), col.tolist(), strict=True), val.tolist(), strict=True))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    url = tmp_path_factory.mktemp("synthetic") / "ref.zarr"
+    generate(url, SMALL, **TILES)
+    return snapshot(url)
+
+
+def test_same_store_whatever_the_workers(tmp_path, reference):
+    with dask.config.set(num_workers=1):
+        generate(tmp_path / "one.zarr", SMALL, **TILES)
+    assert_same_store(snapshot(tmp_path / "one.zarr"), reference)
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        generate(tmp_path / "two.zarr", SMALL, client=client, **TILES)
+    assert_same_store(snapshot(tmp_path / "two.zarr"), reference)
+
+
+def test_same_ratings_whatever_the_tiles(tmp_path, reference):
+    a = generate(tmp_path / "a.zarr", SMALL, tile_rows=512, tile_cols=300)
+    b = generate(tmp_path / "b.zarr", SMALL)  # default tiles
+    assert (a.n_row_tiles, a.n_col_tiles) != (b.n_row_tiles, b.n_col_tiles)
+    assert triples(a) == triples(b)
+    assert a.attrs["nnz"] == reference["attrs"]["nnz"]
+
+
+def test_seeds_differ(tmp_path):
+    a = generate(tmp_path / "a.zarr", SMALL, **TILES)
+    gen = GenerateConfig(**{**SMALL.__dict__, "seed": 8})
+    b = generate(tmp_path / "b.zarr", gen, **TILES)
+    ta, tb = triples(a), triples(b)
+    assert len(ta) == len(tb) == SMALL.nnz
+    assert len(ta.keys() & tb.keys()) < 0.5 * len(ta)
+    shared = sorted(ta.keys() & tb.keys())
+    assert not np.allclose([ta[k] for k in shared], [tb[k] for k in shared])
+
+
+def test_planted_statistics(tmp_path):
+    gen = GenerateConfig(m=4000, n=800, nnz=120_000, rank=5, noise=0.25, seed=3)
+    store = generate(tmp_path / "s.zarr", gen, test_fraction=0.2, split_seed=5, **TILES)
+    assert store.nnz + store.nnz_test == gen.nnz  # exact
+    assert store.nnz_test == pytest.approx(0.2 * gen.nnz, rel=0.05)
+    for orient in ("row", "col"):
+        counts = store.counts(orient)
+        assert counts.min() >= 1  # nonempty: every row and column has a training rating
+        assert counts.max() > 8 * counts.mean()  # Zipf-like skew
+    assert store.stats["mean"] == pytest.approx(3.5, abs=0.1)
+    assert store.stats["std"] == pytest.approx(np.hypot(1.0, 0.25), abs=0.1)
+    # test ratings minus the planted X* Theta*^T: the noise
+    row, col, val = store.read_coo("test")
+    model = PlantedModel.from_source(store.source)
+    residual = val - model.clean(row, col)
+    assert residual.mean() == pytest.approx(0, abs=0.01)
+    assert residual.std() == pytest.approx(0.25, rel=0.03)
+    assert store.source["planted_test_rmse"] == pytest.approx(0.25, rel=0.03)
+    assert store.source["noise"] == 0.25 and store.source["rank"] == 5
+
+
+def test_clipped_rounded_ratings(tmp_path):
+    gen = GenerateConfig(
+        m=1500, n=200, nnz=30_000, rating_min=1, rating_max=5, round=True, noise=0.5
+    )
+    store = generate(tmp_path / "s.zarr", gen, **TILES)
+    _, _, val = store.read_coo("row")
+    assert set(np.unique(val).tolist()) == {1.0, 2.0, 3.0, 4.0, 5.0}
+    assert store.stats["mean"] == pytest.approx(3.4, abs=0.15)
+    assert store.source["planted_test_rmse"] > 0.5  # rounding adds error beyond the noise
+
+
+def test_planted_values_without_noise(tmp_path):
+    gen = GenerateConfig(m=500, n=120, nnz=6000, rank=3, noise=0.0, seed=2)
+    store = generate(tmp_path / "s.zarr", gen, test_fraction=0, **TILES)
+    assert not store.has_test
+    row, col, val = store.read_coo("col")
+    model = PlantedModel.from_source(store.source)
+    np.testing.assert_allclose(val, model.clean(col, row), rtol=1e-6)
+    x, theta = model.x(np.arange(500)), model.theta(np.arange(120))
+    full = x.astype(np.float64) @ theta.T.astype(np.float64)
+    assert np.linalg.matrix_rank(full) == 3
+    assert full.mean() == pytest.approx(3.5, abs=0.15)
+
+
+@pytest.mark.parametrize(
+    "m, n, nnz, skew, nonempty",
+    [
+        (3000, 500, 60_000, 0.8, True),
+        (300, 2000, 60_000, 0.8, True),  # n > m: rows get several forced columns
+        (100, 10, 1000, 0.8, True),  # completely dense
+        (100, 10, 999, 1.0, True),
+        (40, 1, 40, 0.8, True),
+        (1000, 1000, 5000, 2.0, False),
+        (200, 50, 9000, 0.0, True),  # uniform degrees
+    ],
+)
+def test_degrees_exact(m, n, nnz, skew, nonempty):
+    model = PlantedModel(m=m, n=n, nnz=nnz, skew=skew, nonempty=nonempty)
+    degrees = model.degrees(np.arange(m))
+    assert degrees.sum() == nnz
+    assert degrees.max() <= n
+    rows, cols, n_forced = [], [], 0
+    for r0 in range(0, m, 64):
+        row, col, forced = model.band_pairs(r0, min(m, r0 + 64), 16)
+        rows.append(row)
+        cols.append(col)
+        n_forced += int(forced.sum())
+    row, col = np.concatenate(rows), np.concatenate(cols)
+    assert n_forced == (max(m, n) if nonempty else 0)
+    assert np.unique(row * n + col).size == nnz  # no pair twice
+    np.testing.assert_array_equal(np.bincount(row, minlength=m), degrees)
+    if nonempty:
+        assert degrees.min() >= 1 and np.bincount(col, minlength=n).min() >= 1
+    elif skew >= 1:
+        assert degrees.min() == 0
+
+
+def test_presets_and_scale():
+    assert set(PRESETS) == {"netflix", "yahoomusic", "hugewiki", "sparkals", "factorbird",
+                            "facebook"}  # fmt: skip
+    netflix = PRESETS["netflix"]
+    assert (netflix.m, netflix.n, netflix.nnz, netflix.f, netflix.lam) == (
+        480_189, 17_770, 99_000_000, 100, 0.05,
+    )  # fmt: skip
+    assert PRESETS["yahoomusic"].lam == 1.4 and PRESETS["facebook"].f == 16
+    assert resolve_shape(GenerateConfig(preset="Netflix")) == (480_189, 17_770, 99_000_000)
+    assert resolve_shape(GenerateConfig(preset="netflix", scale=0.1)) == (48_019, 1_777, 9_900_000)
+    assert resolve_shape(GenerateConfig(preset="facebook", scale=1e-3, nnz=10**6)) == (
+        1_000_000, 48_000, 1_000_000,
+    )  # fmt: skip
+    assert resolve_shape(GenerateConfig(m=10, n=20, nnz=30)) == (10, 20, 30)
+
+
+def test_scaled_preset_store(tmp_path):
+    gen = GenerateConfig(preset="yahoomusic", scale=2e-4, rating_min=0, rating_max=100)
+    store = generate(tmp_path / "y.zarr", gen)
+    assert (store.m, store.n, store.nnz + store.nnz_test) == (200, 125, 50_560)
+    assert store.source["preset"] == "yahoomusic" and store.source["scale"] == 2e-4
+    assert 0 <= store.stats["min"] and store.stats["max"] <= 100
+
+
+@pytest.mark.parametrize(
+    "gen, match",
+    [
+        (GenerateConfig(preset="movielens"), "unknown; choose one of netflix"),
+        (GenerateConfig(preset="netflix", scale=0.001), r"use scale >= 0\.0116"),
+        (GenerateConfig(preset="netflix", scale=0), "scale must be > 0"),
+        (GenerateConfig(m=10, n=10, nnz=101), "do not fit in a 10 x 10 matrix"),
+        (GenerateConfig(m=0, n=10, nnz=5, nonempty=False), "generate.m must be a positive"),
+        (GenerateConfig(m=10, n=10), "generate needs nnz"),
+        (GenerateConfig(m=10, n=10, nnz=20, scale=2), "no preset is set"),
+        (GenerateConfig(m=100, n=10, nnz=50), r"at least max\(m, n\) = 100"),
+        (GenerateConfig(m=10, n=10, nnz=20, rank=0), "rank must be >= 1"),
+        (GenerateConfig(m=10, n=10, nnz=20, noise=-1), "noise"),
+        (GenerateConfig(m=10, n=10, nnz=20, skew=-0.5), "skew"),
+        (GenerateConfig(m=10, n=10, nnz=20, rating_min=5, rating_max=1), "rating_min"),
+    ],
+)
+def test_bad_input(tmp_path, gen, match):
+    with pytest.raises(ConfigError, match=match):
+        generate(tmp_path / "bad.zarr", gen)
+    assert not (tmp_path / "bad.zarr").exists()
+
+
+def test_bad_options(tmp_path):
+    gen = GenerateConfig(m=10, n=10, nnz=20)
+    with pytest.raises(ConfigError, match="test_fraction"):
+        generate(tmp_path / "s.zarr", gen, test_fraction=1.0)
+    with pytest.raises(ConfigError, match="tile_rows"):
+        generate(tmp_path / "s.zarr", gen, tile_rows=0)
+    if not HAS_CUDA:
+        with pytest.raises(ConfigError, match="no CUDA GPU"):
+            generate(tmp_path / "s.zarr", gen, use_gpu=True)
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_existing_store_needs_overwrite(tmp_path):
+    url = tmp_path / "s.zarr"
+    generate(url, SMALL, **TILES)
+    with pytest.raises(StoreError, match="overwrite"):
+        generate(url, SMALL, **TILES)
+    assert RatingsStore.open(str(url)).nnz > 0  # untouched
+    gen = GenerateConfig(m=300, n=40, nnz=2000)
+    assert generate(url, gen, overwrite=True).m == 300
+
+
+def test_failure_removes_partial_store(tmp_path, monkeypatch):
+    def broken(url, band):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(synthetic, "transpose_band", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        generate(tmp_path / "s.zarr", SMALL, **TILES)
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_progress(tmp_path):
+    seen = []
+    store = generate(tmp_path / "s.zarr", SMALL, progress=lambda *a: seen.append(a), **TILES)
+    rows = [a for a in seen if a[0] == "generate"]
+    cols = [a for a in seen if a[0] == "transpose"]
+    assert [a[1] for a in rows] == list(range(1, store.n_row_tiles + 1))
+    assert [a[1] for a in cols] == list(range(1, store.n_col_tiles + 1))
+    assert seen.index(rows[-1]) < seen.index(cols[0])
+
+
+@pytest.mark.gpu
+def test_gpu_values_match_cpu(tmp_path):
+    cpu = generate(tmp_path / "cpu.zarr", SMALL, use_gpu=False, **TILES)
+    gpu = generate(tmp_path / "gpu.zarr", SMALL, use_gpu=True, **TILES)
+    a, b = triples(cpu), triples(gpu)
+    assert a.keys() == b.keys()
+    keys = sorted(a)
+    np.testing.assert_allclose([a[k] for k in keys], [b[k] for k in keys], rtol=1e-5, atol=1e-5)
