@@ -91,9 +91,11 @@ class Checkpointer:
         self.directory.mkdir(parents=True, exist_ok=True)
         name = f"iter-{iteration:05d}"
         write_factors(
-            self.directory / name, arrays,
-            {**attrs, "format": "cumf-dask-checkpoint", "iteration": iteration}, client,
-        )  # fmt: skip
+            self.directory / name,
+            arrays,
+            {**attrs, "format": "cumf-dask-checkpoint", "iteration": iteration},
+            client,
+        )
         pointer = self.directory / f".LATEST-{uuid.uuid4().hex[:8]}"
         pointer.write_text(name + "\n")
         os.replace(pointer, self.directory / "LATEST")

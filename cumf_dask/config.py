@@ -305,9 +305,16 @@ def parse_size(text: str | int | float | None, total: int | None = None) -> int 
             raise ConfigError(f"size {text!r} is a percentage but no total is known")
         return int(float(s[:-1]) / 100 * total)
     units = {
-        "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-        "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "b": 1,
-    }  # fmt: skip
+        "kib": 2**10,
+        "mib": 2**20,
+        "gib": 2**30,
+        "tib": 2**40,
+        "kb": 10**3,
+        "mb": 10**6,
+        "gb": 10**9,
+        "tb": 10**12,
+        "b": 1,
+    }
     for suffix, mult in units.items():
         if s.endswith(suffix):
             try:

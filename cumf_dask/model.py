@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -142,9 +143,17 @@ class ALS:
         if plan_cfg.memory_budget is not None:
             budget = parse_size(plan_cfg.memory_budget, budget) or budget
         self.plan_: Plan = make_plan(
-            store.m, store.n, store.nnz, self.factors, len(workers), budget,
-            store.counts("row"), store.counts("col"), plan_cfg, backend,
-        )  # fmt: skip
+            store.m,
+            store.n,
+            store.nnz,
+            self.factors,
+            len(workers),
+            budget,
+            store.counts("row"),
+            store.counts("col"),
+            plan_cfg,
+            backend,
+        )
         engine = SUALSEngine(client, store, self.plan_, self.regularization, backend, workers)
         self._engine, self._store, self._backend = engine, store, backend
         self.shape_ = (store.m, store.n)
@@ -207,7 +216,8 @@ class ALS:
         parts = [
             da.from_delayed(
                 self._engine.client.submit(tasks.to_host, fut, backend, pure=False),
-                shape=(hi - lo, factor.f), dtype=np.float32,
+                shape=(hi - lo, factor.f),
+                dtype=np.float32,
             )
             for lo, hi, fut in factor.pieces
         ]
@@ -273,24 +283,51 @@ class ALS:
         store: RatingsStore | str | None = None,
         batch: int = 4096,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k items (dense indices) and scores per user; seen items skipped (needs `store`)."""
+        """Top-k items (dense indices) and scores per user, best first.
+
+        Batches of users run as tasks on the fit's workers while its client is open, else
+        here. ``exclude_seen`` skips each user's training items (read from `store`, by
+        default the store the model was fitted on).
+        """
         users = np.asarray(users, np.int64)
         self._check_indices(users, np.zeros(0, np.int64))
-        if exclude_seen and store is None:
-            store = getattr(self, "_store", None)
+        if exclude_seen:
+            store = store if store is not None else getattr(self, "_store", None)
             if store is None:
                 raise ConfigError("recommend(exclude_seen=True) needs the rating store")
-        if isinstance(store, str):
-            store = RatingsStore.open(store)
-        be = get_backend("numpy")
-        out_idx, out_score = [], []
-        for lo in range(0, len(users), batch):
-            chunk = users[lo : lo + batch]
-            seen = _seen_block(store, chunk, self.shape_[1]) if exclude_seen else None
-            idx, score = be.topk(self.user_factors_[chunk], self.item_factors_, k, seen)
-            out_idx.append(idx)
-            out_score.append(score)
-        return np.concatenate(out_idx), np.concatenate(out_score)
+            if isinstance(store, str):
+                store = RatingsStore.open(store)
+        else:
+            store = None
+        chunks = [users[lo : lo + batch] for lo in range(0, len(users), batch)]
+        engine = getattr(self, "_engine", None)
+        if engine is None:
+            results = [
+                tasks.recommend_batch(
+                    self.user_factors_[c], self.item_factors_, c, k, store, "numpy"
+                )
+                for c in chunks
+            ]
+        else:
+            client = engine.client
+            [theta] = client.scatter([self.item_factors_], broadcast=True)
+            futures = [
+                client.submit(
+                    tasks.recommend_batch,
+                    self.user_factors_[c],
+                    theta,
+                    c,
+                    k,
+                    store,
+                    self._backend,
+                    key=f"recommend-batch{i}-{engine.run}-{uuid.uuid4().hex[:6]}",
+                )
+                for i, c in enumerate(chunks)
+            ]
+            results = client.gather(futures)
+        if not results:
+            return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
+        return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
 
     def _check_indices(self, users: np.ndarray, items: np.ndarray) -> None:
         if not hasattr(self, "user_factors_"):
@@ -328,9 +365,12 @@ class ALS:
         """A fitted model from :meth:`save` (factors on the host)."""
         attrs, arrays = read_factors(path, MODEL_FORMAT)
         model = cls(
-            factors=int(attrs["factors"]), regularization=float(attrs["regularization"]),
-            iterations=int(attrs["iterations"]), seed=int(attrs["seed"]), backend="numpy",
-        )  # fmt: skip
+            factors=int(attrs["factors"]),
+            regularization=float(attrs["regularization"]),
+            iterations=int(attrs["iterations"]),
+            seed=int(attrs["seed"]),
+            backend="numpy",
+        )
         model.user_factors_ = arrays["user_factors"]
         model.item_factors_ = arrays["item_factors"]
         model.shape_ = (int(attrs["m"]), int(attrs["n"]))
@@ -339,17 +379,3 @@ class ALS:
         model.item_ids_ = arrays.get("item_ids")
         model.store_url_ = attrs.get("store")
         return model
-
-
-def _seen_block(store: RatingsStore, users: np.ndarray, n: int):
-    """The training ratings of `users` (in their order) as a block over all items."""
-    from .data.store import coo_to_block
-
-    rows, cols = [], []
-    for pos, u in enumerate(users):
-        _, c, _ = store.read_coo("row", (int(u), int(u) + 1), (0, n))
-        rows.append(np.full(len(c), pos))
-        cols.append(c)
-    r = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-    c = np.concatenate(cols) if cols else np.zeros(0, np.int64)
-    return coo_to_block(r, c, np.ones(len(c), np.float32), 0, 0, len(users), n)

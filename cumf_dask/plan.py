@@ -219,11 +219,19 @@ def make_plan(
         "theta": (n, m, col_counts, row_counts, config.theta),
     }.items():
         halves[side] = plan_half(
-            side, rows, cols, nnz, f, workers, usable, rc, cc,
+            side,
+            rows,
+            cols,
+            nnz,
+            f,
+            workers,
+            usable,
+            rc,
+            cc,
             p=forced.p if forced.p is not None else config.p,
             q=forced.q if forced.q is not None else config.q,
             fused=fused,
-        )  # fmt: skip
+        )
     x, theta = halves["x"], halves["theta"]
     resident_bytes = 2 * nnz * RATING_BYTES / workers
     working = max(x.peak, theta.peak)

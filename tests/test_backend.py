@@ -23,9 +23,10 @@ def test_update_matches_reference(backend, f):
     fixed = init_factor(n, f, seed=f + 1)
     counts = np.bincount(rows, minlength=m)
     X = backend.to_host(
-        backend.update(backend.block_to_device(block), backend.asarray(fixed),
-                       backend.asarray(counts), 0.05)
-    )  # fmt: skip
+        backend.update(
+            backend.block_to_device(block), backend.asarray(fixed), backend.asarray(counts), 0.05
+        )
+    )
     ref = half_step(rows, cols, vals.astype(np.float64), m, fixed.astype(np.float64), 0.05)
     assert np.isfinite(X).all()
     assert (X[[0, 7]] == 0).all()
@@ -37,14 +38,15 @@ def test_hermitian_partials_add_up(backend):
     m, n, f = 200, 90, 12
     rows, cols, vals, whole = _block(m, n, seed=3)
     fixed = init_factor(n, f, seed=4)
-    A, B = (backend.to_host(a) for a in backend.hermitian(backend.block_to_device(whole),
-                                                         backend.asarray(fixed)))  # fmt: skip
+    A, B = (
+        backend.to_host(a)
+        for a in backend.hermitian(backend.block_to_device(whole), backend.asarray(fixed))
+    )
     parts = []
     for c0, c1 in ((0, 40), (40, n)):
         keep = (cols >= c0) & (cols < c1)
         blk = coo_to_block(rows[keep], cols[keep] - c0, vals[keep], 0, c0, m, c1 - c0)
-        parts.append(backend.hermitian(backend.block_to_device(blk),
-                                       backend.asarray(fixed[c0:c1])))  # fmt: skip
+        parts.append(backend.hermitian(backend.block_to_device(blk), backend.asarray(fixed[c0:c1])))
     A2 = sum(backend.to_host(p[0]) for p in parts)
     B2 = sum(backend.to_host(p[1]) for p in parts)
     low = np.tril_indices(f)
@@ -56,8 +58,11 @@ def test_solve_empty_rows_give_zero(backend):
     f = 8
     A = np.zeros((4, f, f), np.float32)
     B = np.zeros((4, f), np.float32)
-    X = backend.to_host(backend.solve(backend.asarray(A), backend.asarray(B),
-                                      backend.asarray(np.zeros(4, np.int64)), 0.1))  # fmt: skip
+    X = backend.to_host(
+        backend.solve(
+            backend.asarray(A), backend.asarray(B), backend.asarray(np.zeros(4, np.int64)), 0.1
+        )
+    )
     assert (X == 0).all()
 
 
@@ -74,10 +79,15 @@ def test_topk_excludes_seen(backend):
     rng = np.random.default_rng(6)
     X = rng.standard_normal((5, 4)).astype(np.float32)
     T = rng.standard_normal((30, 4)).astype(np.float32)
-    seen = coo_to_block(np.array([0, 0, 3]), np.array([1, 2, 29]), np.ones(3, np.float32),
-                        0, 0, 5, 30)  # fmt: skip
-    idx, score = (backend.to_host(a) for a in backend.topk(backend.asarray(X), backend.asarray(T),
-                                                          3, backend.block_to_device(seen)))
+    seen = coo_to_block(
+        np.array([0, 0, 3]), np.array([1, 2, 29]), np.ones(3, np.float32), 0, 0, 5, 30
+    )
+    idx, score = (
+        backend.to_host(a)
+        for a in backend.topk(
+            backend.asarray(X), backend.asarray(T), 3, backend.block_to_device(seen)
+        )
+    )
     full = X @ T.T
     full[0, [1, 2]] = -np.inf
     full[3, 29] = -np.inf

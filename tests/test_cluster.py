@@ -28,9 +28,19 @@ def scheduler_file(tmp_path):
     path = tmp_path / "scheduler.json"
     procs = [
         subprocess.Popen(
-            [DASK, "scheduler", "--scheduler-file",
-             str(path), "--port", "0", "--dashboard-address", ":0", "--no-show"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                DASK,
+                "scheduler",
+                "--scheduler-file",
+                str(path),
+                "--port",
+                "0",
+                "--dashboard-address",
+                ":0",
+                "--no-show",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
     ]
     try:
@@ -39,10 +49,21 @@ def scheduler_file(tmp_path):
             time.sleep(0.2)
         procs.append(
             subprocess.Popen(
-                [DASK, "worker", "--scheduler-file",
-                 str(path), "--nworkers", "2", "--nthreads", "1", "--memory-limit", "2GB",
-                 "--no-dashboard"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [
+                    DASK,
+                    "worker",
+                    "--scheduler-file",
+                    str(path),
+                    "--nworkers",
+                    "2",
+                    "--nthreads",
+                    "1",
+                    "--memory-limit",
+                    "2GB",
+                    "--no-dashboard",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
         )
         yield str(path)

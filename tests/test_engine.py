@@ -21,11 +21,13 @@ M, N = 90, 60
 def client(request):
     with (
         LocalCluster(
-            n_workers=request.param, threads_per_worker=1, processes=False,
+            n_workers=request.param,
+            threads_per_worker=1,
+            processes=False,
             dashboard_address=None,
         ) as cluster,
         Client(cluster) as c,
-    ):  # fmt: skip
+    ):
         yield c
 
 
@@ -84,8 +86,13 @@ def test_mixed_half_steps(store, client, reference):
 
 
 def test_single_rating(tmp_path, client):
-    store = build_store(str(tmp_path / "one.zarr"), np.array([2]), np.array([1]),
-                        np.array([4.0], np.float32), shape=(3, 2))  # fmt: skip
+    store = build_store(
+        str(tmp_path / "one.zarr"),
+        np.array([2]),
+        np.array([1]),
+        np.array([4.0], np.float32),
+        shape=(3, 2),
+    )
     model = ALS(2, 0.1, 2, backend="numpy").fit(store, client=client)
     X, T = reference_als([2], [1], [4.0], (3, 2), init_factor(2, 2, 0), 0.1, 2)
     assert np.isfinite(model.user_factors_).all()
@@ -100,9 +107,16 @@ def test_planted_model_reaches_noise_level(tmp_path, client):
     Xs, Ts = rng.normal(0, 1, (m, rank)), rng.normal(0, 1, (n, rank))
     flat = rng.choice(m * n, 24000, replace=False)
     rows, cols = flat // n, flat % n
-    vals = (np.einsum("ij,ij->i", Xs[rows], Ts[cols]) + rng.normal(0, sigma, rows.size))
-    store = build_store(str(tmp_path / "planted.zarr"), rows, cols, vals.astype(np.float32),
-                        shape=(m, n), test_fraction=0.1, split_seed=1)  # fmt: skip
+    vals = np.einsum("ij,ij->i", Xs[rows], Ts[cols]) + rng.normal(0, sigma, rows.size)
+    store = build_store(
+        str(tmp_path / "planted.zarr"),
+        rows,
+        cols,
+        vals.astype(np.float32),
+        shape=(m, n),
+        test_fraction=0.1,
+        split_seed=1,
+    )
     model = ALS(rank, 0.01, 15, backend="numpy").fit(store, client=client)
     test_rmse = model.metrics_[-1]["test_rmse"]
     assert model.metrics_[0]["test_rmse"] > test_rmse

@@ -17,10 +17,11 @@ M, N = 70, 40
 @pytest.fixture(scope="module")
 def client():
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                     dashboard_address=None) as cluster,
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
         Client(cluster) as c,
-    ):  # fmt: skip
+    ):
         yield c
 
 
@@ -44,8 +45,9 @@ def test_resume_after_interruption_matches_uninterrupted(store, client, tmp_path
 
     ckpt = str(tmp_path / "ckpt")
     with pytest.raises(Interrupt):
-        ALS(5, 0.05, 4, backend="numpy", checkpoint_dir=ckpt,
-            callbacks=[stop_after_two]).fit(store, client=client)  # fmt: skip
+        ALS(5, 0.05, 4, backend="numpy", checkpoint_dir=ckpt, callbacks=[stop_after_two]).fit(
+            store, client=client
+        )
     resumed = ALS(5, 0.05, 4, backend="numpy", checkpoint_dir=ckpt)
     resumed.fit(store, client=client, resume=True)
     assert [r["iteration"] for r in resumed.metrics_] == [1, 2, 3, 4]
@@ -66,8 +68,7 @@ def test_resume_with_other_shape_is_refused(store, client, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     ALS(4, 0.05, 1, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client)
     with pytest.raises(StoreError, match="checkpoint is for"):
-        ALS(6, 0.05, 2, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client,
-                                                                  resume=True)  # fmt: skip
+        ALS(6, 0.05, 2, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client, resume=True)
 
 
 def test_predict_rmse_recommend_save_load(store, client, tmp_path):
@@ -79,8 +80,9 @@ def test_predict_rmse_recommend_save_load(store, client, tmp_path):
     expected = (model.user_factors_[users] * model.item_factors_[items]).sum(1)
     np.testing.assert_allclose(model.predict(users, items), expected, rtol=1e-6)
     assert model.rmse(store) == pytest.approx(model.metrics_[-1]["test_rmse"], rel=1e-5)
-    assert model.rmse(store, kind="train") == pytest.approx(model.metrics_[-1]["train_rmse"],
-                                                            rel=1e-5)  # fmt: skip
+    assert model.rmse(store, kind="train") == pytest.approx(
+        model.metrics_[-1]["train_rmse"], rel=1e-5
+    )
     top, scores = model.recommend([0, 5], k=5)
     _, seen, _ = store.read_coo("row", (0, 1))
     assert not set(top[0]) & set(seen.tolist())

@@ -129,7 +129,10 @@ def test_planted_values_without_noise(tmp_path):
     x, theta = model.x(np.arange(500)), model.theta(np.arange(120))
     full = x.astype(np.float64) @ theta.T.astype(np.float64)
     assert np.linalg.matrix_rank(full) == 3
-    assert full.mean() == pytest.approx(3.5, abs=0.15)
+    pairs = np.arange(20_000)
+    planted = model.clean(pairs, pairs)  # independent draws of X*[i] . Theta*[v]
+    assert planted.mean() == pytest.approx(3.5, abs=0.03)
+    assert planted.std() == pytest.approx(1.0, abs=0.03)
 
 
 @pytest.mark.parametrize(
@@ -182,11 +185,11 @@ def test_presets_and_scale():
 
 
 def test_scaled_preset_store(tmp_path):
-    gen = GenerateConfig(preset="yahoomusic", scale=2e-4, rating_min=0, rating_max=100)
+    gen = GenerateConfig(preset="yahoomusic", scale=1e-3, rating_min=0, rating_max=100)
     store = generate(tmp_path / "y.zarr", gen)
-    assert (store.m, store.n, store.nnz + store.nnz_test) == (200, 125, 50_560)
-    assert store.source["preset"] == "yahoomusic" and store.source["scale"] == 2e-4
-    assert 0 <= store.stats["min"] and store.stats["max"] <= 100
+    assert (store.m, store.n, store.nnz + store.nnz_test) == (1001, 625, 252_800)
+    assert store.source["preset"] == "yahoomusic" and store.source["scale"] == 1e-3
+    assert store.stats["min"] >= 0 and store.stats["max"] <= 100
 
 
 @pytest.mark.parametrize(

@@ -126,8 +126,9 @@ def write_band(
         "minor", shape=(size,), chunks=chunk, dtype=index_dtype(n_minor), overwrite=True
     )
     sub.create_array("val", shape=(size,), chunks=chunk, dtype="float32", overwrite=True)
-    sub.create_array("ptr", shape=(n_tiles + 1,), chunks=(n_tiles + 1,), dtype="int64",
-                     overwrite=True)  # fmt: skip
+    sub.create_array(
+        "ptr", shape=(n_tiles + 1,), chunks=(n_tiles + 1,), dtype="int64", overwrite=True
+    )
     if size:
         sub["major"][:] = local
         sub["minor"][:] = minor.astype(index_dtype(n_minor))
@@ -187,9 +188,12 @@ def finish_store(
         for s in summaries:
             band_nnz[int(s["band"])] = int(s["nnz"])
         group.create_array(
-            f"{_GROUPS[kind]}/band_nnz", shape=(bands,), chunks=(max(bands, 1),), dtype="int64",
+            f"{_GROUPS[kind]}/band_nnz",
+            shape=(bands,),
+            chunks=(max(bands, 1),),
+            dtype="int64",
             overwrite=True,
-        )  # fmt: skip
+        )
         if bands:
             group[f"{_GROUPS[kind]}/band_nnz"][:] = band_nnz
         if kind == "row":
@@ -203,9 +207,12 @@ def finish_store(
         if ids is not None:
             dtype = str if ids.dtype.kind in "OUS" else ids.dtype
             arr = group.create_array(
-                f"ids/{axis}", shape=ids.shape, chunks=(max(1, min(CHUNK, ids.size)),),
-                dtype=dtype, overwrite=True,
-            )  # fmt: skip
+                f"ids/{axis}",
+                shape=ids.shape,
+                chunks=(max(1, min(CHUNK, ids.size)),),
+                dtype=dtype,
+                overwrite=True,
+            )
             arr[:] = ids.astype(object) if dtype is str else ids
     total = sum(s["sum"] for s in row_summaries)
     sumsq = sum(s["sumsq"] for s in row_summaries)
@@ -370,8 +377,11 @@ class StoreBuilder:
         def read(name, dtype):
             return np.fromfile(self._spill / f"{kind}-{band}.{name}", dtype=dtype)
 
-        return read("row", np.int64), read("col", np.int64), read("val", np.float32), read(
-            "seq", np.int64
+        return (
+            read("row", np.int64),
+            read("col", np.int64),
+            read("val", np.float32),
+            read("seq", np.int64),
         )
 
     def finalize(
@@ -424,9 +434,14 @@ class StoreBuilder:
                 if progress:
                     progress("bands", done, steps)
             finish_store(
-                work, summaries["row"], summaries["col"], summaries["test"] or None,
-                source=source, row_ids=row_ids, col_ids=col_ids,
-            )  # fmt: skip
+                work,
+                summaries["row"],
+                summaries["col"],
+                summaries["test"] or None,
+                source=source,
+                row_ids=row_ids,
+                col_ids=col_ids,
+            )
             if local:
                 _replace_dir(work, self.url)
             return RatingsStore.open(self.url)

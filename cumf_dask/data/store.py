@@ -313,6 +313,30 @@ class RatingsStore:
         row, col, val = self.read_coo(orient, rows, cols)
         return coo_to_block(row - r0, col - c0, val, r0, c0, r1 - r0, c1 - c0)
 
+    def rows_block(self, rows: np.ndarray) -> Block:
+        """The training ratings of arbitrary rows (in the given order) over all columns.
+
+        Reads the rows' span once when they are close together, else row by row.
+        """
+        rows = np.asarray(rows, np.int64)
+        if rows.size == 0:
+            return coo_to_block(rows, rows, np.zeros(0, np.float32), 0, 0, 0, self.n)
+        lo, hi = int(rows.min()), int(rows.max()) + 1
+        if hi - lo <= 64 * rows.size:
+            r, c, v = self.read_coo("row", (lo, hi))
+            spans = [(r, c, v)]
+        else:
+            spans = [self.read_coo("row", (int(u), int(u) + 1)) for u in np.unique(rows)]
+        r = np.concatenate([s[0] for s in spans])
+        c = np.concatenate([s[1] for s in spans])
+        v = np.concatenate([s[2] for s in spans])
+        uniq, inverse = np.unique(rows, return_inverse=True)
+        keep = np.isin(r, uniq)
+        block = coo_to_block(
+            np.searchsorted(uniq, r[keep]), c[keep], v[keep], 0, 0, uniq.size, self.n
+        )
+        return take_rows(block, inverse)
+
     def iter_bands(
         self, orient: Orientation | Literal["test"]
     ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -346,6 +370,23 @@ def coo_to_block(
         col0=int(col0),
         n_rows=int(n_rows),
         n_cols=int(n_cols),
+    )
+
+
+def take_rows(block: Block, idx: np.ndarray) -> Block:
+    """A block of the given rows of `block` (any order, repeats allowed), as CSR."""
+    counts = np.diff(block.indptr)[idx]
+    indptr = np.zeros(idx.size + 1, np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    gather = np.repeat(block.indptr[idx] - indptr[:-1], counts) + np.arange(indptr[-1])
+    return Block(
+        indptr,
+        block.indices[gather],
+        block.values[gather],
+        0,
+        block.col0,
+        int(idx.size),
+        block.n_cols,
     )
 
 

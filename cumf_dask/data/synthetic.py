@@ -90,6 +90,7 @@ def resolve_shape(gen: GenerateConfig) -> tuple[int, int, int]:
     than cells, or (with nonempty) fewer ratings than max(m, n).
     """
     base: dict[str, int | None] = {"m": None, "n": None, "nnz": None}
+    preset = None
     if gen.preset is not None:
         preset = PRESETS.get(gen.preset.lower())
         if preset is None:
@@ -120,13 +121,12 @@ def resolve_shape(gen: GenerateConfig) -> tuple[int, int, int]:
         if value <= 0:
             raise ConfigError(f"generate.{key} must be a positive integer, got {value}")
     if nnz > m * n:
-        hint = (
-            f"; use scale >= {nnz / (m * n) * gen.scale:.3g} for this preset"
-            if gen.preset is not None and gen.nnz is None
-            else "; lower nnz or enlarge m, n"
-        )
+        hint = "lower nnz or enlarge m, n"
+        if preset is not None and (gen.m, gen.n, gen.nnz) == (None, None, None):
+            density = preset.nnz / (preset.m * preset.n)
+            hint = f"scale keeps nnz/m and nnz/n; use scale >= {density:.3g} for {preset.name}"
         raise ConfigError(
-            f"generate: nnz={nnz} ratings do not fit in a {m} x {n} matrix ({m * n} cells){hint}"
+            f"generate: nnz={nnz} ratings do not fit in a {m} x {n} matrix ({m * n} cells); " + hint
         )
     if gen.nonempty and nnz < max(m, n):
         raise ConfigError(
@@ -423,11 +423,7 @@ class PlantedModel:
             pieces.append(self._draw_race(rows, dense_rows, remaining, taken, coder))
         keys = np.sort(np.concatenate(pieces), kind="stable")
         local, col = coder.decode(keys)
-        forced = np.zeros(keys.size, bool)
-        if forced_keys.size:
-            pos = np.minimum(np.searchsorted(forced_keys, keys), forced_keys.size - 1)
-            forced = forced_keys[pos] == keys
-        return local + r0, col, forced
+        return local + r0, col, _sorted_isin(forced_keys, keys)
 
     def _draw_sparse(
         self,
@@ -439,58 +435,41 @@ class PlantedModel:
     ) -> tuple[np.ndarray, np.ndarray]:
         """The first `need` distinct unforced columns of each row's draws j = 0, 1, 2, ...
 
-        Draws go in rounds sized from each row's own acceptance rate (so a row's result
-        never depends on the other rows). Returns the accepted keys and, per row, how many
-        ratings are still missing where further draws would cost more than the race over
-        all columns (those rows are finished by :meth:`_draw_race`).
+        Each round draws exactly what a row still needs, so it never overshoots and the
+        result does not depend on the rounds. Returns the accepted keys (sorted) and, per
+        row, how many ratings are still missing where further draws would cost more than
+        the race over all columns (those rows are finished by :meth:`_draw_race`).
         """
-        key = _key(self.seed, _DRAW)
+        key = np.uint64(_key(self.seed, _DRAW))
         phi_n = float(_zipf_cdf(np.float64(self.n), self.skew))
         need = need.copy()
         drawn = np.zeros(rows.size, np.int64)
-        batch = np.ceil(need * 1.1).astype(np.int64) + 2 * (need > 0)
         switch = np.zeros(rows.size, np.int64)
-        accepted: list[np.ndarray] = []
-        owners: list[np.ndarray] = []  # local row of each accepted key
-        forced_local = coder.decode(forced_keys)[0]
+        accepted = []
+        pool = forced_keys  # keys of the rows still drawing, sorted
         while True:
             active = np.flatnonzero(need > 0)
             if not active.size:
                 break
-            k = batch[active]
+            k = need[active]
             local = np.repeat(active, k)
-            start = np.cumsum(k) - k
-            j = np.arange(local.size) - np.repeat(start, k) + drawn[local]
-            u = _unit(np, _hash(np, _hash(np, np.uint64(key), rows[local]), j))
+            j = np.arange(local.size) - np.repeat(np.cumsum(k) - k, k) + drawn[local]
+            u = _unit(np, _hash(np, _hash(np, key, rows[local]), j))
             rank = np.minimum(_zipf_cdf_inv(u * phi_n, self.skew), self.n - 1).astype(np.int64)
-            cand = coder.encode(local, self._col_perm(rank))
-            is_active = np.zeros(rows.size, bool)
-            is_active[active] = True
-            prior = np.concatenate([forced_keys, *accepted])
-            prior = prior[is_active[np.concatenate([forced_local, *owners])]]
-            uniq, first = np.unique(np.concatenate([prior, cand]), return_index=True)
-            fresh = first >= prior.size
-            uniq, first = uniq[fresh], first[fresh] - prior.size
-            is_new = np.zeros(cand.size, bool)
-            is_new[first] = True
-            before = np.cumsum(is_new) - is_new
-            before -= np.repeat(before[start], k)  # new distinct draws earlier in the row
-            take = is_new & (before < np.repeat(need[active], k))
-            keep = take[first]
-            accepted.append(uniq[keep])
-            owners.append(local[first[keep]])
-            new = np.bincount(local[is_new], minlength=rows.size)[active]
-            got = np.bincount(local[take], minlength=rows.size)[active]
+            cand = np.unique(coder.encode(local, self._col_perm(rank)))
+            new = cand[~_sorted_isin(pool, cand)]
+            accepted.append(new)
+            got = np.bincount(coder.decode(new)[0], minlength=rows.size)[active]
             need[active] -= got
             drawn[active] += k
             left = need[active]
-            rate = new / k
             # expected draws to finish vs the race's cost (one key per free column)
-            slow = (left > 0) & (left > rate * cap[active])
+            slow = (left > 0) & (left * k > got * cap[active])
             switch[active[slow]] = left[slow]
             need[active[slow]] = 0
-            batch[active] = np.ceil(left / np.maximum(rate, 1e-9) * 1.2).astype(np.int64) + 2
-        return np.concatenate(accepted) if accepted else np.zeros(0, np.int64), switch
+            pool = np.sort(np.concatenate([pool, new]))
+            pool = pool[need[coder.decode(pool)[0]] > 0]
+        return np.sort(np.concatenate(accepted)) if accepted else np.zeros(0, np.int64), switch
 
     def _draw_race(
         self,
@@ -729,6 +708,13 @@ def _theta_table(model: PlantedModel, use_gpu: bool) -> Any:
     """All of Theta* for a small n, once per process."""
     xp = import_cupy() if use_gpu else np
     return model.theta(xp.arange(model.n), xp)
+
+
+def _sorted_isin(ref: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """np.isin(x, ref) for a sorted `ref`."""
+    if not ref.size:
+        return np.zeros(x.shape, bool)
+    return ref[np.minimum(np.searchsorted(ref, x), ref.size - 1)] == x
 
 
 class _KeyCoder:

@@ -79,9 +79,13 @@ class SUALSEngine:
         if cache is not None and cache in self._cache:
             return self._cache[cache]
         fut = self.client.submit(
-            func, *args, key=f"{key}-{self.run}", workers=[worker], allow_other_workers=False,
+            func,
+            *args,
+            key=f"{key}-{self.run}",
+            workers=[worker],
+            allow_other_workers=False,
             pure=False,
-        )  # fmt: skip
+        )
         if cache is not None:
             self._cache[cache] = fut
         return fut
@@ -98,18 +102,28 @@ class SUALSEngine:
         resident = self.plan.resident or kind == "test"
         tag = f"load-{kind}-{h.label}-batch{batch}-part{part}"
         return self._submit(
-            tasks.load_block, self.store, orient, rows, cols, self.backend,
+            tasks.load_block,
+            self.store,
+            orient,
+            rows,
+            cols,
+            self.backend,
             key=tag if resident else f"{tag}-it{it}",
             worker=self.worker_of(h, part, batch),
             cache=(kind, h.side, part, batch) if resident else None,
-        )  # fmt: skip
+        )
 
     def counts(self, h: HalfPlan, lo: int, hi: int, worker: str) -> Future:
         return self._submit(
-            tasks.load_counts, self.store, h.orient, (lo, hi), self.backend,
-            key=f"counts-{h.label}-{lo}-{hi}-{worker.rsplit(':', 1)[-1]}", worker=worker,
+            tasks.load_counts,
+            self.store,
+            h.orient,
+            (lo, hi),
+            self.backend,
+            key=f"counts-{h.label}-{lo}-{hi}-{worker.rsplit(':', 1)[-1]}",
+            worker=worker,
             cache=("counts", h.side, lo, hi, worker),
-        )  # fmt: skip
+        )
 
     def fixed_on(self, h: HalfPlan, fixed: Factor, part: int, worker: str, it: int) -> Future:
         """Rows of part `part` of the fixed factor gathered on `worker` (cached on the factor)."""
@@ -118,10 +132,16 @@ class SUALSEngine:
         if key not in fixed.placed:
             name = "Theta" if h.side == "x" else "X"
             fixed.placed[key] = self.client.submit(
-                tasks.assemble, lo, hi, self.backend, fixed.pieces,
+                tasks.assemble,
+                lo,
+                hi,
+                self.backend,
+                fixed.pieces,
                 key=f"gather-{name}-part{part}-on-{self.workers.index(worker)}-it{it}-{fixed.version}",
-                workers=[worker], allow_other_workers=False, pure=False,
-            )  # fmt: skip
+                workers=[worker],
+                allow_other_workers=False,
+                pure=False,
+            )
         return fixed.placed[key]
 
     # ------------------------------------------------------------------ factors
@@ -131,9 +151,16 @@ class SUALSEngine:
         for k in range(len(bounds) - 1):
             lo, hi = bounds[k], bounds[k + 1]
             fut = self._submit(
-                tasks.initial_factor, n_rows, f, seed, lo, hi, self.backend,
-                key=f"init-factor-{k}", worker=self.workers[k % len(self.workers)],
-            )  # fmt: skip
+                tasks.initial_factor,
+                n_rows,
+                f,
+                seed,
+                lo,
+                hi,
+                self.backend,
+                key=f"init-factor-{k}",
+                worker=self.workers[k % len(self.workers)],
+            )
             pieces.append((lo, hi, fut))
         return Factor(n_rows, f, pieces)
 
@@ -146,9 +173,13 @@ class SUALSEngine:
             [fut] = self.client.scatter([array[lo:hi]], workers=[worker])
             if self.backend != "numpy":
                 fut = self.client.submit(
-                    _to_backend, fut, self.backend, workers=[worker], pure=False,
+                    _to_backend,
+                    fut,
+                    self.backend,
+                    workers=[worker],
+                    pure=False,
                     key=f"to-device-{k}-{self.run}-{uuid.uuid4().hex[:4]}",
-                )  # fmt: skip
+                )
             pieces.append((lo, hi, fut))
         return Factor(len(array), array.shape[1], pieces)
 
@@ -170,10 +201,15 @@ class SUALSEngine:
             worker = self.worker_of(h, 0, j)
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             fut = self._submit(
-                tasks.update, self.block(h, 0, j, it), self.fixed_on(h, fixed, 0, worker, it),
-                self.counts(h, lo, hi, worker), self.lam, self.backend,
-                key=f"update-{h.label}-batch{j}-it{it}", worker=worker,
-            )  # fmt: skip
+                tasks.update,
+                self.block(h, 0, j, it),
+                self.fixed_on(h, fixed, 0, worker, it),
+                self.counts(h, lo, hi, worker),
+                self.lam,
+                self.backend,
+                key=f"update-{h.label}-batch{j}-it{it}",
+                worker=worker,
+            )
             pieces.append((lo, hi, fut))
         return pieces
 
@@ -188,14 +224,20 @@ class SUALSEngine:
             for i in range(h.p):
                 worker = self.worker_of(h, i, j)
                 herm = self._submit(
-                    tasks.hermitian_slices, self.block(h, i, j, it),
-                    self.fixed_on(h, fixed, i, worker, it), slices, self.backend,
-                    key=f"hermitian-{h.label}-batch{j}-part{i}-it{it}", worker=worker,
-                )  # fmt: skip
+                    tasks.hermitian_slices,
+                    self.block(h, i, j, it),
+                    self.fixed_on(h, fixed, i, worker, it),
+                    slices,
+                    self.backend,
+                    key=f"hermitian-{h.label}-batch{j}-part{i}-it{it}",
+                    worker=worker,
+                )
                 for k in range(len(slices)):
                     partials[k].append(
                         self._submit(
-                            operator.getitem, herm, k,
+                            operator.getitem,
+                            herm,
+                            k,
                             key=f"slice-{h.label}-batch{j}-part{i}-slice{k}-it{it}",
                             worker=worker,
                         )
@@ -204,10 +246,15 @@ class SUALSEngine:
                 target = self.workers[0] if one else self.workers[k % len(self.workers)]
                 inputs = reduce_slices(self, h, partials[k], target, f"batch{j}-slice{k}-it{it}")
                 fut = self._submit(
-                    tasks.reduce_solve, self.counts(h, lo + a, lo + b, target), self.lam, h.f,
-                    self.backend, *inputs,
-                    key=f"reduce-solve-{h.label}-batch{j}-slice{k}-it{it}", worker=target,
-                )  # fmt: skip
+                    tasks.reduce_solve,
+                    self.counts(h, lo + a, lo + b, target),
+                    self.lam,
+                    h.f,
+                    self.backend,
+                    *inputs,
+                    key=f"reduce-solve-{h.label}-batch{j}-slice{k}-it{it}",
+                    worker=target,
+                )
                 pieces.append((lo + a, lo + b, fut))
         return pieces
 
@@ -221,15 +268,25 @@ class SUALSEngine:
             for i in range(h.p):
                 worker = self.worker_of(h, i, j)
                 x_rows = self.client.submit(
-                    tasks.assemble, lo, hi, self.backend, X.pieces,
+                    tasks.assemble,
+                    lo,
+                    hi,
+                    self.backend,
+                    X.pieces,
                     key=f"gather-X-batch{j}-on-{self.workers.index(worker)}-{kind}-{X.version}",
-                    workers=[worker], allow_other_workers=False, pure=False,
-                )  # fmt: skip
+                    workers=[worker],
+                    allow_other_workers=False,
+                    pure=False,
+                )
                 futures.append(
                     self._submit(
-                        tasks.block_squared_error, self.block(h, i, j, it, kind), x_rows,
-                        self.fixed_on(h, Theta, i, worker, it), self.backend,
-                        key=f"error-{kind}-batch{j}-part{i}-it{it}", worker=worker,
+                        tasks.block_squared_error,
+                        self.block(h, i, j, it, kind),
+                        x_rows,
+                        self.fixed_on(h, Theta, i, worker, it),
+                        self.backend,
+                        key=f"error-{kind}-batch{j}-part{i}-it{it}",
+                        worker=worker,
                     )
                 )
         results = self.client.gather(futures)

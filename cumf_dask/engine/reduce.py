@@ -44,9 +44,13 @@ def reduce_slices(
         home = target_n if target_n in members else members[0]
         inputs.append(
             engine.client.submit(
-                tasks.sum_partials, engine.backend, *mine,
+                tasks.sum_partials,
+                engine.backend,
+                *mine,
                 key=f"reduce-group{g}-{h.label}-{tag}-{engine.run}",
-                workers=[engine.workers[home]], allow_other_workers=False, pure=False,
+                workers=[engine.workers[home]],
+                allow_other_workers=False,
+                pure=False,
             )
         )
     return inputs

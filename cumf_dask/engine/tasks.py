@@ -20,8 +20,9 @@ def load_block(store: RatingsStore, orient: str, rows: tuple, cols: tuple, backe
     """R^(ij) from the store, moved to the worker's device."""
     if orient == "test":
         r, c, v = store.read_coo("test", rows, cols)
-        block = coo_to_block(r - rows[0], c - cols[0], v, rows[0], cols[0],
-                             rows[1] - rows[0], cols[1] - cols[0])  # fmt: skip
+        block = coo_to_block(
+            r - rows[0], c - cols[0], v, rows[0], cols[0], rows[1] - rows[0], cols[1] - cols[0]
+        )
     else:
         block = store.read_block(orient, rows, cols)  # type: ignore[arg-type]
     return get_backend(backend).block_to_device(block)
@@ -29,7 +30,9 @@ def load_block(store: RatingsStore, orient: str, rows: tuple, cols: tuple, backe
 
 def load_counts(store: RatingsStore, orient: str, rows: tuple, backend: str) -> Any:
     """Total rating counts of rows [lo, hi) (for weighted lambda)."""
-    counts = np.asarray(store._group["row_nnz" if orient == "row" else "col_nnz"][rows[0]:rows[1]])
+    counts = np.asarray(
+        store._group["row_nnz" if orient == "row" else "col_nnz"][rows[0] : rows[1]]
+    )
     return get_backend(backend).asarray(counts)
 
 
@@ -93,6 +96,21 @@ def block_squared_error(block: Block, x_rows: Any, fixed: Any, backend: str) -> 
     counts = xp.diff(block.indptr)
     rows = xp.repeat(xp.arange(block.n_rows), counts)
     return be.squared_error(x_rows, fixed, rows, block.indices, block.values), block.nnz
+
+
+def recommend_batch(
+    x_rows: np.ndarray,
+    theta: Any,
+    users: np.ndarray,
+    k: int,
+    store: RatingsStore | None,
+    backend: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k items of a batch of users, skipping their training items when `store` is given."""
+    be = get_backend(backend)
+    seen = be.block_to_device(store.rows_block(users)) if store is not None else None
+    idx, score = be.topk(be.asarray(x_rows), be.asarray(theta), k, seen)
+    return be.to_host(idx), be.to_host(score)
 
 
 def to_host(arr: Any, backend: str) -> np.ndarray:

@@ -28,13 +28,15 @@ struct Cfg {
 
 // Shared memory of the tiled Cholesky: the current tile column, its diagonal tile, and
 // the right-hand side.
+// panel[ib] holds L(8 ib + r, 8 kb + c) at [8 c + r]; its 4-float pad puts the tiles of
+// different ib in different banks for the 16-byte reads of the trailing update.
 template <int F>
 struct __align__(16) CholSmem {
-    float panel[F / TILE][TILE][TILE];  // panel[ib][c][r] = L(8 ib + r, 8 kb + c), column kb
-    float diag[TILE][TILE];             // L_kk
-    float inv[TILE];                    // 1 / L_kk(c, c)
-    float y[F];                         // forward result, consumed by the backward solve
-    float x[TILE];                      // solution of the current tile in the backward solve
+    float panel[F / TILE][TILE * TILE + 4];  // tile column kb of L, transposed tiles
+    float diag[TILE][TILE];                  // L_kk
+    float dinv[F];                           // 1 / L(i, i)
+    float y[F];                              // forward result, consumed by the backward solve
+    float x[TILE];                           // the current tile's solution, backward solve
 };
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
@@ -61,13 +63,15 @@ __device__ __forceinline__ void cp_async_wait_prior1() {
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 
-// The t-th tile of the lower triangle in row-major order: t = ib (ib + 1) / 2 + jb.
-__device__ __forceinline__ void tile_of(int t, int& ib, int& jb) {
+// The t-th of the ntile (ntile + 1) / 2 lower-triangle tiles, numbered by tile column from
+// the right (column ntile - 1 first), top down inside a column. The tiles still active late
+// in the Cholesky (the right columns) are then the first threads: packed into few warps.
+__device__ __forceinline__ void tile_of(int t, int ntile, int& ib, int& jb) {
     int i = (int)((sqrtf(8.0f * t + 1.0f) - 1.0f) * 0.5f);
     if ((i + 1) * (i + 2) / 2 <= t) ++i;
     if (i * (i + 1) / 2 > t) --i;
-    ib = i;
-    jb = t - i * (i + 1) / 2;
+    jb = ntile - 1 - i;
+    ib = jb + t - i * (i + 1) / 2;
 }
 
 // Stage ratings [e0, e0 + nk) of a row as extended rows g_v in dst (columns <= f).
@@ -161,10 +165,10 @@ __device__ __forceinline__ void chol_solve(float (&acc)[TILE][TILE], int ib, int
         if (active && ib == kb && jb == kb) {
 #pragma unroll
             for (int c = 0; c < TILE; ++c) {
-                const float l = (i0 + c < f) ? sqrtf(acc[c][c]) : 1.0f;
-                const float il = 1.0f / l;
-                acc[c][c] = l;
-                sh.inv[c] = il;
+                const bool real = i0 + c < f;  // indices >= f get a unit pivot
+                const float il = real ? rsqrtf(acc[c][c]) : 1.0f;
+                acc[c][c] = real ? acc[c][c] * il : 1.0f;
+                sh.dinv[i0 + c] = il;
 #pragma unroll
                 for (int r = c + 1; r < TILE; ++r) acc[r][c] *= il;
 #pragma unroll
@@ -181,7 +185,7 @@ __device__ __forceinline__ void chol_solve(float (&acc)[TILE][TILE], int ib, int
         if (active && jb == kb && ib > kb) {  // panel: tile <- tile L_kk^-T
 #pragma unroll
             for (int c = 0; c < TILE; ++c) {
-                const float il = sh.inv[c];
+                const float il = sh.dinv[kb * TILE + c];
 #pragma unroll
                 for (int r = 0; r < TILE; ++r) {
                     float s = acc[r][c];
@@ -193,16 +197,16 @@ __device__ __forceinline__ void chol_solve(float (&acc)[TILE][TILE], int ib, int
 #pragma unroll
             for (int r = 0; r < TILE; ++r)
 #pragma unroll
-                for (int c = 0; c < TILE; ++c) sh.panel[ib][c][r] = acc[r][c];
+                for (int c = 0; c < TILE; ++c) sh.panel[ib][c * TILE + r] = acc[r][c];
         }
         __syncthreads();
         if (active && jb > kb && jb < kbs) {  // trailing update: tile -= P_ib P_jb^T
 #pragma unroll
             for (int q = 0; q < TILE; ++q) {
-                const float4 a0 = *reinterpret_cast<const float4*>(&sh.panel[ib][q][0]);
-                const float4 a1 = *reinterpret_cast<const float4*>(&sh.panel[ib][q][4]);
-                const float4 b0 = *reinterpret_cast<const float4*>(&sh.panel[jb][q][0]);
-                const float4 b1 = *reinterpret_cast<const float4*>(&sh.panel[jb][q][4]);
+                const float4 a0 = *reinterpret_cast<const float4*>(&sh.panel[ib][q * TILE]);
+                const float4 a1 = *reinterpret_cast<const float4*>(&sh.panel[ib][q * TILE + 4]);
+                const float4 b0 = *reinterpret_cast<const float4*>(&sh.panel[jb][q * TILE]);
+                const float4 b1 = *reinterpret_cast<const float4*>(&sh.panel[jb][q * TILE + 4]);
                 const float a[TILE] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
                 const float bb[TILE] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
@@ -232,7 +236,7 @@ __device__ __forceinline__ void chol_solve(float (&acc)[TILE][TILE], int ib, int
                 float s = (i0 + r < f) ? sh.y[i0 + r] : 0.0f;
 #pragma unroll
                 for (int q = r + 1; q < TILE; ++q) s = fmaf(-acc[q][r], xv[q], s);
-                xv[r] = (i0 + r < f) ? s / acc[r][r] : 0.0f;
+                xv[r] = (i0 + r < f) ? s * sh.dinv[i0 + r] : 0.0f;
             }
 #pragma unroll
             for (int r = 0; r < TILE; ++r) {
@@ -270,7 +274,7 @@ __global__ void __launch_bounds__(NT)
     const int t = blockIdx.y * NT + threadIdx.x;
     const bool active = t < Cfg<F>::NTRI;
     int ib = 0, jb = 0;
-    if (active) tile_of(t, ib, jb);
+    if (active) tile_of(t, Cfg<F>::NTILE, ib, jb);
     float acc[TILE][TILE];
     gram<F, NT>(acc, bins, idx, val, fixed, f, vec != 0, seg_lo[s], seg_hi[s], ib * TILE,
                 jb * TILE, active);
@@ -309,7 +313,7 @@ __global__ void __launch_bounds__(NT, MINB)
     const int u = rows[blockIdx.x];
     const bool active = threadIdx.x < Cfg<F>::NTRI;
     int ib = 0, jb = 0;
-    if (active) tile_of(threadIdx.x, ib, jb);
+    if (active) tile_of(threadIdx.x, Cfg<F>::NTILE, ib, jb);
     float acc[TILE][TILE];
     gram<F, NT>(acc, reinterpret_cast<float(*)[F]>(smem), idx, val, fixed, f, vec != 0,
                 indptr[u], indptr[u + 1], ib * TILE, jb * TILE, active);
@@ -327,7 +331,7 @@ __global__ void __launch_bounds__(NT)
     const long long u = rows[blockIdx.x];
     const bool active = threadIdx.x < Cfg<F>::NTRI;
     int ib = 0, jb = 0;
-    if (active) tile_of(threadIdx.x, ib, jb);
+    if (active) tile_of(threadIdx.x, Cfg<F>::NTILE, ib, jb);
     const float* Au = A + u * f * f;
     const float* Bu = B + u * f;
     float acc[TILE][TILE];

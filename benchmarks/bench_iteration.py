@@ -1,0 +1,150 @@
+"""Seconds per ALS iteration through the whole Dask pipeline, on CPU or GPU workers.
+
+    python benchmarks/bench_iteration.py                       # issue 3: 100k x 20k, 5M, f=50
+    python benchmarks/bench_iteration.py --preset netflix --factors 100 --backend cupy
+    python benchmarks/bench_iteration.py --preset yahoomusic --factors 100 --lam 1.4 --backend cupy
+
+Generates the planted-model store once (kept under --data), then fits on a fresh cluster
+(LocalCluster of single-threaded workers, or LocalCUDACluster) and prints the device, the
+shape, f, each iteration's seconds (X and Theta half-steps) and RMSE, and the median over
+the iterations after the first (which includes loading the resident blocks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from cumf_dask import ALS, RatingsStore
+from cumf_dask.config import ClusterConfig, GenerateConfig, PlanConfig
+from cumf_dask.data.synthetic import generate
+from cumf_dask.engine.cluster import cluster_client
+from cumf_dask.errors import StoreError
+
+
+def device_name(backend: str) -> str:
+    if backend == "cupy":
+        import pynvml
+
+        pynvml.nvmlInit()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        count = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return f"{count} x {name}"
+    import os
+
+    return f"{os.cpu_count()}-core {platform.processor() or platform.machine()} CPU"
+
+
+def get_store(args: argparse.Namespace) -> RatingsStore:
+    gen = GenerateConfig(
+        preset=args.preset,
+        scale=args.scale,
+        m=args.m,
+        n=args.n,
+        nnz=args.nnz,
+        rank=10,
+        noise=0.5,
+        rating_min=1,
+        rating_max=5,
+        seed=1,
+    )
+    label = args.preset or f"{args.m}x{args.n}-{args.nnz}"
+    url = str(Path(args.data) / f"bench-{label}-scale{args.scale:g}.zarr")
+    try:
+        return RatingsStore.open(url)
+    except StoreError:
+        t0 = time.perf_counter()
+        store = generate(url, gen, test_fraction=0.1, overwrite=True, use_gpu=False)
+        print(f"generated {url} in {time.perf_counter() - t0:.1f} s")
+        return store
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset")
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--m", type=int, default=100_000)
+    parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--nnz", type=int, default=5_000_000)
+    parser.add_argument("--factors", type=int, default=50)
+    parser.add_argument("--lam", type=float, default=0.05)
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--backend", default="numpy", choices=["numpy", "cupy"])
+    parser.add_argument("--workers", type=int, help="default: one per core / per GPU")
+    parser.add_argument("--threads", type=int, default=1, help="threads per CPU worker")
+    parser.add_argument("--p", type=int)
+    parser.add_argument("--q", type=int)
+    parser.add_argument("--no-eval", action="store_true", help="skip per-iteration RMSE")
+    parser.add_argument("--data", default="/tmp/cumf-bench")
+    parser.add_argument("--json", help="append the result record to this JSON-lines file")
+    args = parser.parse_args()
+
+    store = get_store(args)
+    cluster = ClusterConfig(
+        backend=args.backend,
+        n_workers=args.workers,
+        threads_per_worker=args.threads,
+        dashboard_address=None,
+    )
+    with cluster_client(cluster) as client:
+        workers = len(client.scheduler_info()["workers"])
+        model = ALS(
+            args.factors,
+            args.lam,
+            args.iterations,
+            backend=args.backend,
+            plan=PlanConfig(p=args.p, q=args.q),
+            evaluate=not args.no_eval,
+        )
+        model.fit(store, client=client)
+    steady = [r["seconds"] for r in model.metrics_[1:]] or [model.metrics_[0]["seconds"]]
+    record = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": device_name(args.backend),
+        "backend": args.backend,
+        "workers": workers,
+        "shape": [store.m, store.n],
+        "nnz": store.nnz,
+        "factors": args.factors,
+        "lambda": args.lam,
+        "plan": {
+            "x": [model.plan_.x.p, model.plan_.x.q],
+            "theta": [model.plan_.theta.p, model.plan_.theta.q],
+        },
+        "median_seconds_per_iteration": statistics.median(steady),
+        "median_x_seconds": statistics.median(
+            r["x_seconds"] for r in model.metrics_[1:] or model.metrics_
+        ),
+        "median_theta_seconds": statistics.median(
+            r["theta_seconds"] for r in model.metrics_[1:] or model.metrics_
+        ),
+        "iterations": model.metrics_,
+    }
+    print(f"device: {record['device']}, backend {args.backend}, {workers} workers")
+    print(
+        f"shape: {store.m:,} x {store.n:,}, {store.nnz:,} ratings, f={args.factors}, "
+        f"lambda={args.lam}, plan X p,q={record['plan']['x']} Theta p,q={record['plan']['theta']}"
+    )
+    print(f"{'it':>3}{'seconds':>10}{'X':>9}{'Theta':>9}{'train':>9}{'test':>9}")
+    for r in model.metrics_:
+        print(
+            f"{r['iteration']:>3}{r['seconds']:>10.3f}{r['x_seconds']:>9.3f}"
+            f"{r['theta_seconds']:>9.3f}{r.get('train_rmse', float('nan')):>9.4f}"
+            f"{r.get('test_rmse', float('nan')):>9.4f}"
+        )
+    print(
+        "median seconds per iteration (iterations 2..):",
+        f"{record['median_seconds_per_iteration']:.3f}",
+    )
+    if args.json:
+        with open(args.json, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    main()
