@@ -1,0 +1,208 @@
+"""The rating store: round trips in both orientations, any tile size, validation on open."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from conftest import random_ratings
+
+from cumf_dask.data.builder import StoreBuilder, build_store, resolve_duplicates, split_mask
+from cumf_dask.data.store import RatingsStore, take_rows
+from cumf_dask.errors import IngestError, StoreError
+
+M, N = 130, 70
+
+
+def dense(rows, cols, vals, shape):
+    out = np.zeros(shape, np.float64)
+    out[rows, cols] = vals
+    return out
+
+
+@pytest.fixture(scope="module")
+def ratings():
+    return random_ratings(M, N, 0.15, seed=31, empty_rows=[5], empty_cols=[9], skew=0.6)
+
+
+@pytest.mark.parametrize("tiles", [(4, 3), (32, 16), (M, N), (1000, 1000)])
+def test_round_trip_both_orientations(tmp_path, ratings, tiles):
+    rows, cols, vals = ratings
+    store = build_store(
+        str(tmp_path / "s.zarr"),
+        rows,
+        cols,
+        vals,
+        shape=(M, N),
+        tile_rows=tiles[0],
+        tile_cols=tiles[1],
+    )
+    want = dense(rows, cols, vals, (M, N))
+    r, c, v = store.read_coo("row")
+    np.testing.assert_array_equal(dense(r, c, v, (M, N)), want)
+    c2, r2, v2 = store.read_coo("col")
+    np.testing.assert_array_equal(dense(r2, c2, v2, (M, N)), want)
+    np.testing.assert_array_equal(store.counts("row"), np.bincount(rows, minlength=M))
+    np.testing.assert_array_equal(store.counts("col"), np.bincount(cols, minlength=N))
+    assert store.nnz == len(vals)
+    assert store.stats["min"] == pytest.approx(vals.min())
+    assert store.stats["mean"] == pytest.approx(vals.mean(), rel=1e-6)
+
+
+@pytest.mark.parametrize("tiles", [(7, 3), (1000, 1000)])
+def test_blocks_are_exact_submatrices(tmp_path, ratings, tiles):
+    rows, cols, vals = ratings
+    store = build_store(
+        str(tmp_path / "s.zarr"),
+        rows,
+        cols,
+        vals,
+        shape=(M, N),
+        tile_rows=tiles[0],
+        tile_cols=tiles[1],
+    )
+    want = dense(rows, cols, vals, (M, N))
+    for (r0, r1), (c0, c1) in [((0, M), (0, N)), ((3, 50), (11, 12)), ((100, 130), (0, 33))]:
+        block = store.read_block("row", (r0, r1), (c0, c1))
+        got = np.zeros((r1 - r0, c1 - c0))
+        for u in range(block.n_rows):
+            lo, hi = block.indptr[u], block.indptr[u + 1]
+            got[u, block.indices[lo:hi]] = block.values[lo:hi]
+            assert np.all(np.diff(block.indices[lo:hi]) > 0)  # sorted within a row
+        np.testing.assert_array_equal(got, want[r0:r1, c0:c1])
+        tblock = store.read_block("col", (c0, c1), (r0, r1))
+        assert tblock.nnz == block.nnz
+    picked = store.rows_block(np.array([40, 2, 40]))
+    assert picked.n_rows == 3
+    np.testing.assert_array_equal(
+        picked.indices[picked.indptr[0] : picked.indptr[1]],
+        picked.indices[picked.indptr[2] : picked.indptr[3]],
+    )
+
+
+def test_take_rows_matches_python(ratings):
+    from cumf_dask.data.store import coo_to_block
+
+    rows, cols, vals = ratings
+    block = coo_to_block(rows, cols, vals, 0, 0, M, N)
+    idx = np.array([3, 3, 0, 129, 7])
+    sub = take_rows(block, idx)
+    for k, u in enumerate(idx):
+        lo, hi = block.indptr[u], block.indptr[u + 1]
+        np.testing.assert_array_equal(
+            sub.indices[sub.indptr[k] : sub.indptr[k + 1]], block.indices[lo:hi]
+        )
+
+
+def test_split_is_deterministic_and_chunking_independent(tmp_path, ratings):
+    rows, cols, vals = ratings
+    a = build_store(
+        str(tmp_path / "a.zarr"), rows, cols, vals, shape=(M, N), test_fraction=0.25, split_seed=4
+    )
+    builder = StoreBuilder(str(tmp_path / "b.zarr"), m=M, n=N, test_fraction=0.25, split_seed=4)
+    for lo in range(0, len(vals), 97):
+        builder.add(rows[lo : lo + 97], cols[lo : lo + 97], vals[lo : lo + 97])
+    b = builder.finalize()
+    for kind in ("row", "test"):
+        np.testing.assert_array_equal(np.c_[a.read_coo(kind)[:2]], np.c_[b.read_coo(kind)[:2]])
+    assert 0.15 < a.nnz_test / len(vals) < 0.35
+    other = split_mask(rows, cols, 0.25, 5)
+    assert (other != split_mask(rows, cols, 0.25, 4)).any()
+
+
+def test_duplicate_policies():
+    r = np.array([1, 1, 2, 1])
+    c = np.array([3, 3, 0, 3])
+    v = np.array([1.0, 2.0, 5.0, 4.0], np.float32)
+    seq = np.arange(4)
+    with pytest.raises(IngestError, match="duplicate"):
+        resolve_duplicates(r, c, v, seq, "error")
+    _, _, last = resolve_duplicates(r, c, v, seq, "last")
+    assert sorted(last.tolist()) == [4.0, 5.0]
+    _, _, mean = resolve_duplicates(r, c, v, seq, "mean")
+    assert sorted(mean.tolist()) == [pytest.approx(7 / 3), 5.0]
+
+
+def test_bad_input_leaves_nothing(tmp_path):
+    url = str(tmp_path / "s.zarr")
+    with pytest.raises(IngestError, match="finite"):
+        build_store(url, np.array([0, 1]), np.array([0, 1]), np.array([1.0, np.nan]))
+    with pytest.raises(IngestError, match="out of range"):
+        build_store(url, np.array([0, 5]), np.array([0, 1]), np.array([1.0, 2.0]), shape=(3, 3))
+    with pytest.raises(IngestError, match="empty"):
+        build_store(url, np.array([], int), np.array([], int), np.array([], np.float32))
+    assert not Path(url).exists()
+    assert not list(tmp_path.iterdir())
+
+
+def test_existing_store_is_kept_unless_overwrite(tmp_path, ratings):
+    rows, cols, vals = ratings
+    url = str(tmp_path / "s.zarr")
+    build_store(url, rows, cols, vals, shape=(M, N))
+    with pytest.raises(StoreError, match="already exists"):
+        build_store(url, rows, cols, vals, shape=(M, N))
+    with pytest.raises(IngestError):  # a failed overwrite keeps the old store intact
+        build_store(url, rows, cols, vals * np.nan, shape=(M, N), overwrite=True)
+    assert RatingsStore.open(url).nnz == len(vals)
+    smaller = build_store(url, rows[:10], cols[:10], vals[:10], shape=(M, N), overwrite=True)
+    assert smaller.nnz == 10
+
+
+def test_open_refuses_missing_foreign_partial_and_damaged(tmp_path, ratings):
+    rows, cols, vals = ratings
+    with pytest.raises(StoreError, match="no rating store"):
+        RatingsStore.open(str(tmp_path / "nothing.zarr"))
+    foreign = zarr.open_group(str(tmp_path / "foreign.zarr"), mode="w")
+    foreign.attrs["format"] = "something-else"
+    with pytest.raises(StoreError, match="not a cumf-dask rating store"):
+        RatingsStore.open(str(tmp_path / "foreign.zarr"))
+
+    url = str(tmp_path / "s.zarr")
+    build_store(url, rows, cols, vals, shape=(M, N), tile_rows=32, tile_cols=16)
+    partial = str(tmp_path / "partial.zarr")
+    shutil.copytree(url, partial)
+    zarr.open_group(partial, mode="r+").attrs["complete"] = False
+    with pytest.raises(StoreError, match="incomplete"):
+        RatingsStore.open(partial)
+
+    newer = str(tmp_path / "newer.zarr")
+    shutil.copytree(url, newer)
+    zarr.open_group(newer, mode="r+").attrs["version"] = 99
+    with pytest.raises(StoreError, match="version"):
+        RatingsStore.open(newer)
+
+    missing = str(tmp_path / "missing.zarr")
+    shutil.copytree(url, missing)
+    shutil.rmtree(Path(missing) / "col_nnz")
+    with pytest.raises(StoreError, match="damaged"):
+        RatingsStore.open(missing)
+
+    lying = str(tmp_path / "lying.zarr")
+    shutil.copytree(url, lying)
+    meta = Path(lying) / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["nnz"] += 1
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(StoreError, match="damaged"):
+        RatingsStore.open(lying)
+
+    bad_ptr = str(tmp_path / "badptr.zarr")
+    shutil.copytree(url, bad_ptr)
+    zarr.open_group(bad_ptr, mode="r+")["by_row/1/ptr"][1] = 10**9
+    store = RatingsStore.open(bad_ptr)
+    with pytest.raises(StoreError, match="damaged"):
+        store.read_coo("row")
+
+
+def test_store_pickles_small(tmp_path, ratings):
+    import pickle
+
+    rows, cols, vals = ratings
+    store = build_store(str(tmp_path / "s.zarr"), rows, cols, vals, shape=(M, N))
+    clone = pickle.loads(pickle.dumps(store))
+    assert len(pickle.dumps(store)) < 4000
+    assert clone.read_coo("row")[2].sum() == pytest.approx(vals.sum(), rel=1e-6)
