@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import random_ratings, rel_err
+from conftest import BACKENDS, random_ratings, rel_err
 from distributed import Client, LocalCluster
 from reference import reference_als
 
@@ -50,15 +50,20 @@ def store(request, ratings, tmp_path_factory):
     return build_store(str(path), rows, cols, vals, shape=(M, N), tile_rows=tr, tile_cols=tc)
 
 
-def _fit(store, client, **plan):
-    model = ALS(F, LAM, ITERS, seed=0, backend="numpy", plan=PlanConfig(**plan))
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+def _fit(store, client, backend="numpy", **plan):
+    model = ALS(F, LAM, ITERS, seed=0, backend=backend, plan=PlanConfig(**plan))
     return model.fit(store, client=client)
 
 
 @pytest.mark.parametrize("p", [1, 2, 3])
 @pytest.mark.parametrize("q", [1, 2, 5])
-def test_plans_match_reference(store, client, reference, p, q):
-    model = _fit(store, client, p=p, q=q)
+def test_plans_match_reference(store, client, reference, p, q, backend):
+    model = _fit(store, client, backend, p=p, q=q)
     X, Theta = reference
     assert model.plan_.x.p == p and model.plan_.x.q == q
     assert model.plan_.theta.p == p and model.plan_.theta.q == q
@@ -69,10 +74,10 @@ def test_plans_match_reference(store, client, reference, p, q):
 
 
 @pytest.mark.parametrize("reduction", ["two-phase", "one"])
-def test_reductions_match_reference(store, client, reference, reduction):
+def test_reductions_match_reference(store, client, reference, reduction, backend):
     workers = len(client.scheduler_info()["workers"])
     groups = [[0], list(range(1, workers))] if workers > 1 else None
-    model = _fit(store, client, p=3, q=2, reduction=reduction, groups=groups)
+    model = _fit(store, client, backend, p=3, q=2, reduction=reduction, groups=groups)
     assert rel_err(model.user_factors_, reference[0]) < 1e-4
     assert rel_err(model.item_factors_, reference[1]) < 1e-4
 
@@ -100,7 +105,7 @@ def test_single_rating(tmp_path, client):
     assert rel_err(model.item_factors_, T) < 1e-4
 
 
-def test_planted_model_reaches_noise_level(tmp_path, client):
+def test_planted_model_reaches_noise_level(tmp_path, client, backend):
     """On R = X* Theta*^T + noise, test RMSE approaches the noise sigma."""
     rng = np.random.default_rng(5)
     m, n, rank, sigma = 400, 300, 3, 0.1
@@ -117,8 +122,24 @@ def test_planted_model_reaches_noise_level(tmp_path, client):
         test_fraction=0.1,
         split_seed=1,
     )
-    model = ALS(rank, 0.01, 15, backend="numpy").fit(store, client=client)
+    model = ALS(rank, 0.01, 15, backend=backend).fit(store, client=client)
     test_rmse = model.metrics_[-1]["test_rmse"]
     assert model.metrics_[0]["test_rmse"] > test_rmse
     assert test_rmse < 1.3 * sigma
     assert abs(model.rmse(store) - test_rmse) < 1e-4
+
+
+@pytest.mark.gpu
+def test_local_cuda_cluster_end_to_end(ratings, reference, tmp_path):
+    """dask-cuda: one worker per GPU, factors and resident blocks on the GPUs."""
+    from cumf_dask.config import ClusterConfig
+    from cumf_dask.engine.cluster import cluster_client
+
+    rows, cols, vals = ratings
+    store = build_store(str(tmp_path / "r.zarr"), rows, cols, vals, shape=(M, N))
+    config = ClusterConfig(backend="cupy", dashboard_address=None)
+    with cluster_client(config) as client:
+        model = ALS(F, LAM, ITERS, backend="cupy").fit(store, client=client)
+        assert model.plan_.backend == "cupy"
+    assert rel_err(model.user_factors_, reference[0]) < 1e-4
+    assert rel_err(model.item_factors_, reference[1]) < 1e-4
