@@ -94,6 +94,7 @@ def ceilings() -> dict:
 def bench_solve(be: CupyBackend, fs) -> list[dict]:
     import cupyx.lapack
 
+    be576 = CupyBackend(threads_per_sm=576)
     out = []
     for f in fs:
         n = int(min(100_000, 1.5e9 // (f * f * 4)))
@@ -104,6 +105,7 @@ def bench_solve(be: CupyBackend, fs) -> list[dict]:
         counts = cp.ones(n, cp.int64)
         full = A + LAM * cp.eye(f, dtype=cp.float32)
         ours = timeit(lambda A=A, B=B, c=counts: be.solve(A, B, c, LAM))
+        ours576 = timeit(lambda A=A, B=B, c=counts: be576.solve(A, B, c, LAM))
         cus = timeit(lambda full=full, B=B: cupyx.lapack.posv(full, B))
         lu = timeit(lambda full=full, B=B: cp.linalg.solve(full, B[..., None]))
         k = min(n, 2000)
@@ -115,6 +117,7 @@ def bench_solve(be: CupyBackend, fs) -> list[dict]:
                 "f": f,
                 "systems": n,
                 "ours_per_s": n / ours["median"],
+                "ours_threads576_per_s": n / ours576["median"],
                 "cusolver_per_s": n / cus["median"],
                 "cupy_solve_per_s": n / lu["median"],
                 "err_ours": err,
@@ -169,13 +172,23 @@ def sub_block(block: Block, rows: np.ndarray) -> Block:
                  0, 0, rows.size, block.n_cols)  # fmt: skip
 
 
-def check_rows(X, block: Block, fixed, n_sample: int, rng) -> float:
-    """Relative difference of X on sampled rows (heaviest 3 included) vs the NumPy backend."""
+def check_rows(X, block: Block, fixed, n_sample: int, rng) -> dict[str, float]:
+    """Relative differences on sampled rows (the 3 heaviest included): GPU vs the NumPy
+    backend, GPU vs a float64 solve, NumPy backend vs the float64 solve."""
     deg = cp.asnumpy(cp.diff(block.indptr))
     rows = np.unique(np.concatenate([np.argsort(deg)[-3:], rng.choice(deg.size, n_sample)]))
     sub = sub_block(block, rows)
-    ref = NumpyBackend().update(sub, cp.asnumpy(fixed), deg[rows], LAM)
-    return rel(cp.asnumpy(X[cp.asarray(rows)]), ref)
+    fixed = cp.asnumpy(fixed)
+    ref32 = NumpyBackend().update(sub, fixed, deg[rows], LAM)
+    ref64 = np.zeros(ref32.shape)
+    for i in range(rows.size):
+        lo, hi = sub.indptr[i], sub.indptr[i + 1]
+        G = fixed[sub.indices[lo:hi]].astype(np.float64)
+        A = G.T @ G + LAM * (hi - lo) * np.eye(G.shape[1])
+        ref64[i] = np.linalg.solve(A, G.T @ sub.values[lo:hi].astype(np.float64))
+    got = cp.asnumpy(X[cp.asarray(rows)])
+    return {"gpu_vs_numpy": rel(got, ref32), "gpu_vs_f64": rel(got, ref64),
+            "numpy_vs_f64": rel(ref32, ref64)}  # fmt: skip
 
 
 def bench_shape(name: str, f: int, rng, variants: bool) -> dict:
@@ -188,18 +201,18 @@ def bench_shape(name: str, f: int, rng, variants: bool) -> dict:
         fixed = cp.random.random((block.n_cols, f), dtype=cp.float32) / np.float32(np.sqrt(f))
         counts = cp.diff(block.indptr)
         flop = float(block.nnz) * f * (f + 1)
-        r = {"nnz": block.nnz, "max_degree": int(row_deg.max()), "split": be._split(block.nnz)}
+        r = {"nnz": block.nnz, "max_degree": int(row_deg.max())}
         X = be.update(block, fixed, counts, LAM)
-        r["err_vs_numpy"] = check_rows(X, block, fixed, 300 if side == "X" else 60, rng)
+        r["err"] = check_rows(X, block, fixed, 300 if side == "X" else 60, rng)
         del X
         t = timeit(lambda b=block, x=fixed, c=counts: be.update(b, x, c, LAM))
         r["update_s"], r["update_spread"] = t["median"], (t["min"], t["max"])
         r["update_TFLOPs"] = flop / t["median"] / 1e12
         if variants:
             for key, other in (
-                ("update_min_blocks6_s", CupyBackend(update_min_blocks=6)),
-                ("update_long_row_4096_s", CupyBackend(long_row=4096)),
-                ("update_no_split_s", CupyBackend(long_row=1 << 40)),
+                ("update_threads576_s", CupyBackend(threads_per_sm=576)),
+                ("update_long_row_2048_s", CupyBackend(long_row=2048)),
+                ("update_long_row_16384_s", CupyBackend(long_row=16384)),
             ):
                 r[key] = timeit(lambda o=other, b=block, x=fixed, c=counts: o.update(b, x, c, LAM))[
                     "median"
@@ -211,6 +224,11 @@ def bench_shape(name: str, f: int, rng, variants: bool) -> dict:
                      block.n_cols)  # fmt: skip
         th = timeit(lambda p=part, x=fixed: be.hermitian(p, x), repeats=3)
         r["hermitian_rows"], r["hermitian_s"] = k, th["median"]
+        if variants:
+            other = CupyBackend(threads_per_sm=576)
+            r["hermitian_threads576_s"] = timeit(
+                lambda o=other, p=part, x=fixed: o.hermitian(p, x), repeats=3
+            )["median"]
         r["hermitian_TFLOPs"] = float(e) * f * (f + 1) / th["median"] / 1e12
         A, B = be.hermitian(part, fixed)
         ts = timeit(lambda A=A, B=B, c=counts[:k]: be.solve(A, B, c, LAM), repeats=3)
@@ -224,12 +242,32 @@ def bench_shape(name: str, f: int, rng, variants: bool) -> dict:
     return res
 
 
+def profile() -> None:
+    """One call each of update, hermitian and solve on a Netflix-shaped X-side slice (for ncu)."""
+    rng = np.random.default_rng(0)
+    m, n, nnz, (su, cu), (si, ci) = SHAPES["netflix"]
+    rows = 60_000
+    du, di = degrees(m, nnz, su, cu, rng)[:rows], degrees(n, nnz, si, ci, rng)
+    block = synth_block(du, di.astype(np.float64), 1)
+    fixed = cp.random.random((n, 100), dtype=cp.float32) / np.float32(10)
+    counts = cp.diff(block.indptr)
+    be = CupyBackend()
+    be.update(block, fixed, counts, LAM)
+    A, B = be.hermitian(block, fixed)
+    be.solve(A, B, counts, LAM)
+    cp.cuda.Device().synchronize()
+
+
 # ---------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="Netflix only, fewer solve sizes")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--profile", action="store_true", help="one call of each kernel (for ncu)")
     args = ap.parse_args()
+    if args.profile:
+        profile()
+        return
     rng = np.random.default_rng()
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
@@ -239,7 +277,7 @@ def main() -> None:
     be = CupyBackend()
     t0 = time.perf_counter()
     be._kernels(100)
-    results["compile_f100_s"] = time.perf_counter() - t0
+    results["kernels_first_call_f100_s"] = time.perf_counter() - t0  # compile or CuPy cache
     fs = [32, 100, 256] if args.quick else [10, 32, 64, 100, 128, 200, 256]
     results["solve"] = bench_solve(be, fs)
     shapes = ["netflix"] if args.quick else list(SHAPES)
@@ -256,14 +294,16 @@ def main() -> None:
     for s in results["solve"]:
         print(f"| {s['f']} | {s['systems']} | {s['ours_per_s']:.3g} | {s['cusolver_per_s']:.3g} "
               f"| {s['cupy_solve_per_s']:.3g} | {s['err_ours']:.1e} |")  # fmt: skip
-    print("| shape | side | nnz | update s | update TFLOP/s | hermitian TFLOP/s | err vs NumPy |")
+    print("| shape | side | nnz | update s | update TFLOP/s | hermitian TFLOP/s "
+          "| err vs NumPy | err vs f64 (NumPy's) |")  # fmt: skip
     for res in results["shapes"]:
         for side in ("X", "Theta"):
             r = res[side]
             print(f"| {res['shape']} | {side} | {r['nnz']} | {r['update_s']:.4f} "
                   f"| {r['update_TFLOPs']:.1f} | {r['hermitian_TFLOPs']:.1f} "
-                  f"| {r['err_vs_numpy']:.1e} |")  # fmt: skip
-        print(f"| {res['shape']} | iteration (both updates) | | {res['iteration_s']:.4f} | | | |")
+                  f"| {r['err']['gpu_vs_numpy']:.1e} | {r['err']['gpu_vs_f64']:.1e} "
+                  f"({r['err']['numpy_vs_f64']:.1e}) |")  # fmt: skip
+        print(f"| {res['shape']} | iteration (both updates) | | {res['iteration_s']:.4f} | | | | |")
 
 
 if __name__ == "__main__":

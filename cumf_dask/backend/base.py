@@ -79,6 +79,11 @@ class Backend(ABC):
         A[:, self.asarray(cols), self.asarray(rows)] = P
         return A
 
+    def row_of(self, block: Block) -> Any:
+        """The block row of each rating (CSR expanded to COO rows), on the device."""
+        xp = self.xp
+        return xp.searchsorted(block.indptr, xp.arange(block.nnz), side="right") - 1
+
     # ------------------------------------------------------------------ using a model
     def predict(self, X: Any, Theta: Any, rows: Any, cols: Any) -> Any:
         """x_u . theta_v for each pair (rows[k], cols[k])."""
@@ -106,9 +111,7 @@ class Backend(ABC):
         k = min(k, Theta.shape[0])
         scores = X @ Theta.T
         if seen is not None and seen.nnz:
-            counts = xp.diff(seen.indptr)
-            row_of = xp.repeat(xp.arange(seen.n_rows), counts)
-            scores[row_of, seen.indices] = -xp.inf
+            scores[self.row_of(seen), seen.indices] = -xp.inf
         part = xp.argpartition(-scores, k - 1, axis=1)[:, :k]
         top = xp.take_along_axis(scores, part, axis=1)
         order = xp.argsort(-top, axis=1)

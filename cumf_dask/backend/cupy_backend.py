@@ -11,10 +11,11 @@ Cholesky factor of that extended matrix carries the forward solve (see the .cu h
   bins (double-buffered ``cp.async``). Rows longer than ``long_row`` ratings are cut into
   segments whose partial tiles are summed with atomics, so a heavy item never serializes
   on one block.
-* ``solve``: own batched Cholesky, one block per system, the matrix held as register
-  tiles (right-looking tiled factorization, panels through shared memory). It beat
-  cuSOLVER ``potrfBatched``/``potrsBatched`` and ``cupy.linalg.solve`` on f = 10..256
-  (benchmarks/gpu_notes.md). For f > 256 the solve falls back to cuSOLVER batched.
+* ``solve``: own batched Cholesky, one block per system (several small systems per block
+  for f <= 40), the matrix held as register tiles (right-looking tiled factorization,
+  panels through shared memory). It beat cuSOLVER ``potrfBatched``/``potrsBatched`` and
+  ``cupy.linalg.solve`` on f = 10..256, 2.5x to 13x (benchmarks/gpu_notes.md). For
+  f > 256 the solve falls back to cuSOLVER batched.
 * ``update`` (the p == 1 hot path): one fused kernel per row, Gram -> lambda -> Cholesky
   -> both triangular solves -> x_u, so A never touches device memory. Long rows (and all
   rows for f > 256) go through ``hermitian`` + ``solve`` in row batches.
@@ -39,10 +40,11 @@ cp = import_cupy()
 
 TILE = 8  # register tile edge (kernels' TILE)
 MAX_FUSED_F = 256  # f up to this: fused update and own solve (one register tile per thread)
-MAX_F = 2048  # the Gram kernel's shared-memory bins need F <= 6144 / 3
+MAX_F = 2048  # two shared-memory bins of at least 2 rows each must fit in 48 KB
 MAX_THREADS = 576  # one tile per thread up to F = 264 (33 x 34 / 2 = 561 tiles)
 BATCH_BYTES = 1 << 30  # A of a row batch when rows go through hermitian + solve
-UPDATE_MIN_BLOCKS = 1  # update_kernel's __launch_bounds__ minimum blocks per SM
+THREADS_PER_SM = 480  # kernels' register cap: this many resident threads per SM
+LONG_ROW = 4096  # rows with more ratings are split over several blocks (hermitian + solve)
 _SOURCE = Path(__file__).parent / "kernels" / "mo_als.cu"
 
 
@@ -51,21 +53,35 @@ def padded_size(f: int) -> int:
     return (f + TILE) // TILE * TILE
 
 
+def _tiles(padded: int) -> int:
+    return (padded // TILE) * (padded // TILE + 1) // 2
+
+
 def launch_shape(padded: int) -> tuple[int, int]:
     """(threads per block, tile groups per row): one lower-triangle tile per thread."""
-    tiles = (padded // TILE) * (padded // TILE + 1) // 2
+    tiles = _tiles(padded)
     threads = -(-tiles // 32) * 32 if tiles <= MAX_THREADS else 512
     return threads, -(-tiles // threads)
 
 
+def systems_per_block(padded: int) -> int:
+    """Systems one solve_kernel block solves: as many as fit one warp (kernels' SYS)."""
+    tiles = _tiles(padded)
+    return 32 // tiles if tiles < 32 else 1
+
+
 @cache
-def kernels(padded: int, device: int, min_blocks: int = UPDATE_MIN_BLOCKS) -> dict[str, Any]:
-    """The compiled kernels for a padded size F on a device (compiled once per process)."""
+def kernels(padded: int, device: int, threads_per_sm: int = THREADS_PER_SM) -> dict[str, Any]:
+    """The compiled kernels for a padded size F on a device (compiled once per process).
+
+    The kernels' register cap asks for ``threads_per_sm`` resident threads per SM.
+    """
     threads, _ = launch_shape(padded)
-    names = {"hermitian": f"hermitian_kernel<{padded}, {threads}>"}
+    min_blocks = max(1, threads_per_sm // threads)
+    names = {"hermitian": f"hermitian_kernel<{padded}, {threads}, {min_blocks}>"}
     if padded <= padded_size(MAX_FUSED_F):
         names["update"] = f"update_kernel<{padded}, {threads}, {min_blocks}>"
-        names["solve"] = f"solve_kernel<{padded}, {threads}>"
+        names["solve"] = f"solve_kernel<{padded}, {threads}, {min_blocks}>"
     module = cp.RawModule(
         code=_SOURCE.read_text(), options=("-std=c++17",), name_expressions=list(names.values())
     )
@@ -82,11 +98,6 @@ def _device_memory(what: str) -> Iterator[None]:
             f"the GPU ran out of memory while {what} ({exc}); plan smaller batches "
             "(more row batches q, or a smaller block) so that a block fits the GPU"
         ) from None
-
-
-@cache
-def _sm_count(device: int) -> int:
-    return int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
 
 
 def _segments(indptr: Any, rows: Any, split: int) -> tuple[Any, Any, Any]:
@@ -106,45 +117,31 @@ def _segments(indptr: Any, rows: Any, split: int) -> tuple[Any, Any, Any]:
 class CupyBackend(Backend):
     """GPU backend (current CuPy device).
 
-    ``long_row``: rows with more ratings than this are split over several thread blocks
-    (default: ``max(4096, nnz / (20 * SMs))``, so no single row outlasts the rest).
-    ``update_min_blocks``: the fused kernel's register cap, as resident blocks per SM.
+    ``long_row``: rows with more ratings than this are cut into segments of at most that
+    many, on several thread blocks, summed with atomics; in ``update`` they take the
+    hermitian + solve path, so no single heavy row outlasts the rest.
+    ``threads_per_sm``: resident threads per SM that the kernels' register cap aims at
+    (more threads: fewer registers, some spilled). The defaults were the fastest measured
+    at f = 100 (benchmarks/gpu_notes.md).
     """
 
     name = "cupy"
     xp = cp
 
-    def __init__(self, long_row: int | None = None, update_min_blocks: int = UPDATE_MIN_BLOCKS):
-        self.long_row = long_row
-        self.update_min_blocks = update_min_blocks
+    def __init__(self, long_row: int = LONG_ROW, threads_per_sm: int = THREADS_PER_SM):
+        if long_row < 1:
+            raise ValueError(f"long_row must be at least 1, got {long_row}")
+        self.long_row = int(long_row)
+        self.threads_per_sm = threads_per_sm
 
     def to_host(self, x: Any) -> np.ndarray:
         return cp.asnumpy(x)
-
-    def topk(self, X: Any, Theta: Any, k: int, seen: Block | None = None) -> tuple[Any, Any]:
-        """As Backend.topk; seen ratings' rows come from searchsorted (cupy.repeat takes no
-        device array of counts)."""
-        k = min(k, Theta.shape[0])
-        scores = X @ Theta.T
-        if seen is not None and seen.nnz:
-            indptr = cp.asarray(seen.indptr)
-            row_of = cp.searchsorted(indptr, cp.arange(seen.nnz), side="right") - 1
-            scores[row_of, cp.asarray(seen.indices)] = -cp.inf
-        part = cp.argpartition(-scores, k - 1, axis=1)[:, :k]
-        top = cp.take_along_axis(scores, part, axis=1)
-        order = cp.argsort(-top, axis=1)
-        return cp.take_along_axis(part, order, axis=1), cp.take_along_axis(top, order, axis=1)
 
     # ------------------------------------------------------------------ helpers
     def _kernels(self, f: int) -> dict[str, Any]:
         if f > MAX_F:
             raise ValueError(f"the GPU backend supports f up to {MAX_F} factors, got {f}")
-        return kernels(padded_size(f), cp.cuda.Device().id, self.update_min_blocks)
-
-    def _split(self, nnz: int) -> int:
-        if self.long_row is not None:
-            return max(1, int(self.long_row))
-        return max(4096, nnz // (20 * _sm_count(cp.cuda.Device().id)))
+        return kernels(padded_size(f), cp.cuda.Device().id, self.threads_per_sm)
 
     def _csr(self, block: Block) -> tuple[Any, Any, Any]:
         return (
@@ -152,6 +149,10 @@ class CupyBackend(Backend):
             cp.ascontiguousarray(cp.asarray(block.indices), dtype=cp.int32),
             cp.ascontiguousarray(cp.asarray(block.values), dtype=cp.float32),
         )
+
+    @staticmethod
+    def _counts(counts: Any) -> Any:
+        return cp.ascontiguousarray(cp.asarray(counts), dtype=cp.int64)
 
     @staticmethod
     def _factor(fixed: Any) -> tuple[Any, np.int32]:
@@ -164,7 +165,7 @@ class CupyBackend(Backend):
         """Add the Gram of `rows` into A[out], B[out] (zeroed), splitting long rows."""
         indptr, indices, values = csr
         f = fixed.shape[1]
-        owner, lo, hi = _segments(indptr, rows, self._split(values.size))
+        owner, lo, hi = _segments(indptr, rows, self.long_row)
         threads, groups = launch_shape(padded_size(f))
         atomic = np.int32(owner.size > rows.size)
         self._kernels(f)["hermitian"](
@@ -173,21 +174,28 @@ class CupyBackend(Backend):
             (indices, values, fixed, np.int32(f), vec, out[owner], lo, hi, atomic, A, B),
         )
 
-    def _solve_rows(self, A: Any, B: Any, reg: Any, rows: Any, X: Any) -> None:
-        """X[rows] = (A[rows] + reg[rows] I)^-1 B[rows], A read in its lower triangle."""
-        f = B.shape[1]
+    def _solve_all(self, A: Any, B: Any, counts: Any, lam: float, X: Any) -> None:
+        """X = (A + lam * counts I)^-1 B row by row (A's lower triangle), 0 where counts == 0.
+
+        counts: int64. Own kernel up to MAX_FUSED_F; above, cuSOLVER batched Cholesky.
+        """
+        n, f = B.shape
         if f <= MAX_FUSED_F:
             threads, _ = launch_shape(padded_size(f))
-            self._kernels(f)["solve"]((rows.size,), (threads,), (A, B, np.int32(f), reg, rows, X))
+            blocks = -(-n // systems_per_block(padded_size(f)))
+            args = (A, B, np.int32(f), np.int64(n), counts, np.float32(lam), X)
+            self._kernels(f)["solve"]((blocks,), (threads,), args)
             return
         import cupyx.lapack
 
+        X[...] = 0
+        rows = cp.flatnonzero(counts > 0)
         diag = cp.arange(f)
         step = max(1, BATCH_BYTES // (f * f * 4))
         for lo in range(0, rows.size, step):
             sel = rows[lo : lo + step]
             M = A[sel]
-            M[:, diag, diag] += reg[sel][:, None]
+            M[:, diag, diag] += (lam * counts[sel]).astype(cp.float32)[:, None]
             # C-order A^T read as column-major lower = A's lower triangle.
             X[sel] = cupyx.lapack.posv(M.transpose(0, 2, 1), B[sel])
 
@@ -208,11 +216,9 @@ class CupyBackend(Backend):
         with _device_memory(f"solving {B.shape[0]} systems"):
             A = cp.ascontiguousarray(cp.asarray(A), dtype=cp.float32)
             B = cp.ascontiguousarray(cp.asarray(B), dtype=cp.float32)
-            counts = cp.asarray(counts)
-            X = cp.zeros(B.shape, cp.float32)
-            rows = cp.flatnonzero(counts > 0).astype(cp.int32)
-            if rows.size:
-                self._solve_rows(A, B, (lam * counts).astype(cp.float32), rows, X)
+            X = cp.empty(B.shape, cp.float32)
+            if B.shape[0]:
+                self._solve_all(A, B, self._counts(counts), lam, X)
             return X
 
     def update(self, block: Block, fixed: Any, counts: Any, lam: float) -> Any:
@@ -221,14 +227,12 @@ class CupyBackend(Backend):
             fixed, vec = self._factor(fixed)
             f = fixed.shape[1]
             csr = self._csr(block)
-            counts = cp.asarray(counts)
-            reg = (lam * counts).astype(cp.float32)
+            counts = self._counts(counts)
             X = cp.zeros((block.n_rows, f), cp.float32)
             degree = cp.diff(csr[0])
             active = (degree > 0) & (counts > 0)
-            split = self._split(block.nnz)
             if f <= MAX_FUSED_F:
-                short = cp.flatnonzero(active & (degree <= split))
+                short = cp.flatnonzero(active & (degree <= self.long_row))
                 if short.size:
                     # Longest rows first: they start early instead of forming the tail.
                     short = short[cp.argsort(-degree[short])].astype(cp.int32)
@@ -236,9 +240,9 @@ class CupyBackend(Backend):
                     self._kernels(f)["update"](
                         (short.size,),
                         (threads,),
-                        (csr[0], csr[1], csr[2], fixed, np.int32(f), vec, reg, short, X),
+                        (*csr, fixed, np.int32(f), vec, counts, np.float32(lam), short, X),
                     )
-                active &= degree > split
+                active &= degree > self.long_row
             rest = cp.flatnonzero(active).astype(cp.int32)
             step = max(1, BATCH_BYTES // (f * f * 4))
             for lo in range(0, rest.size, step):
@@ -247,7 +251,7 @@ class CupyBackend(Backend):
                 A = cp.zeros((rows.size, f, f), cp.float32)
                 B = cp.zeros((rows.size, f), cp.float32)
                 self._gram(csr, fixed, vec, rows, local, A, B)
-                Xb = cp.zeros((rows.size, f), cp.float32)
-                self._solve_rows(A, B, reg[rows], local, Xb)
+                Xb = cp.empty((rows.size, f), cp.float32)
+                self._solve_all(A, B, counts[rows], lam, Xb)
                 X[rows] = Xb
             return X

@@ -92,9 +92,7 @@ def block_squared_error(block: Block, x_rows: Any, fixed: Any, backend: str) -> 
     be = get_backend(backend)
     if block.nnz == 0:
         return 0.0, 0
-    xp = be.xp
-    counts = xp.diff(block.indptr)
-    rows = xp.repeat(xp.arange(block.n_rows), counts)
+    rows = be.row_of(block)
     return be.squared_error(x_rows, fixed, rows, block.indices, block.values), block.nnz
 
 

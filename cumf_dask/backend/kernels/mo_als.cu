@@ -9,22 +9,36 @@
 // B_u = sum r_uv theta_v in its row f. The F x F lower triangle is cut into 8 x 8 tiles,
 // one tile per thread, accumulated in 64 registers (fully unrolled loops: no dynamically
 // indexed register arrays). The g_v rows are staged in shared memory in bins of BIN rows
-// (cuMF's "bin"), double-buffered with cp.async, 16-byte copies when f % 4 == 0.
+// (cuMF's "bin"), double-buffered with cp.async, 16-byte copies when f % 4 == 0. In a bin
+// row each 8-float tile chunk takes 12 floats (48 bytes): the 16-byte reads of a warp's
+// threads, which start at different chunks, then fall in different banks.
 //
 // The Cholesky factor of the extended matrix [[A + reg I, B], [B^T, *]] carries
 // y = L^-1 B in its row f, so the tiled factorization also does the forward solve; a
 // tiled backward solve L^T x = y finishes. Indices >= f get a unit pivot, so the padding
 // never produces a NaN.
+//
+// Kernels: hermitian_kernel (A, B of row segments, summed with atomics when a long row is
+// split), update_kernel (fused Gram -> Cholesky -> x_u per row, A stays on chip),
+// solve_kernel (the Cholesky from A in memory, several small systems per block). MINB, the
+// minimum resident blocks per SM given to __launch_bounds__, caps their registers.
 
 #define TILE 8
+#define CHUNK 12  // floats per tile chunk in a bin row: 8 used, 4 against bank conflicts
 
 template <int F>
 struct Cfg {
-    static constexpr int NTILE = F / TILE;                 // tiles per side
-    static constexpr int NTRI = NTILE * (NTILE + 1) / 2;   // tiles in the lower triangle
-    static constexpr int BIN = (6144 / F) < 32 ? (6144 / F) : 32;  // rows per bin (<= 48 KB)
-    static constexpr int CHUNKS = F / 4;                   // 16-byte chunks per bin row
+    static constexpr int NTILE = F / TILE;                // tiles per side
+    static constexpr int NTRI = NTILE * (NTILE + 1) / 2;  // tiles in the lower triangle
+    static constexpr int ROW = NTILE * CHUNK;             // floats per bin row
+    static constexpr int BIN0 = 3840 / ROW;               // about 30 KB for two bins
+    static constexpr int BIN = BIN0 > 32 ? 32 : (BIN0 < 2 ? 2 : BIN0);  // rows per bin
+    static constexpr int QUADS = F / 4;                   // 16-byte pieces of a row
+    static constexpr int SYS = NTRI < 32 ? 32 / NTRI : 1; // systems per solve_kernel block
 };
+
+// Position of factor column `col` in a bin row.
+__device__ __forceinline__ int bin_col(int col) { return (col >> 3) * CHUNK + (col & 7); }
 
 // Shared memory of the tiled Cholesky: the current tile column, its diagonal tile, and
 // the right-hand side.
@@ -45,14 +59,13 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return a;
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src)
-                 : "memory");
+// Asynchronous global -> shared copies; dst is a shared-memory address (smem_u32).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src)
-                 : "memory");
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() {
@@ -74,67 +87,81 @@ __device__ __forceinline__ void tile_of(int t, int ntile, int& ib, int& jb) {
     ib = jb + t - i * (i + 1) / 2;
 }
 
-// Stage ratings [e0, e0 + nk) of a row as extended rows g_v in dst (columns <= f).
+// Stage ratings [e0, e0 + nk) of a row as extended rows g_v at shared address dst
+// (columns <= f; the padding after column f is zeroed once per block). With vec, thread
+// t copies the 16-byte pieces c = t, t + NT, ... of the bin (row c / QUADS): a fixed,
+// unrolled pattern whose column indices are all loaded before the first copy is issued.
 template <int F, int NT>
-__device__ __forceinline__ void load_bin(float (*dst)[F], const int* __restrict__ idx,
+__device__ __forceinline__ void load_bin(unsigned dst, const int* __restrict__ idx,
                                          const float* __restrict__ val,
                                          const float* __restrict__ fixed, int f, bool vec,
                                          long long e0, int nk) {
-    for (int c = threadIdx.x; c < nk * Cfg<F>::CHUNKS; c += NT) {
-        const int k = c / Cfg<F>::CHUNKS;
-        const int col = (c - k * Cfg<F>::CHUNKS) * 4;
-        if (col > f) continue;  // padding, zeroed once per block
-        const long long e = e0 + k;
-        const float* src = fixed + (long long)__ldg(idx + e) * f + col;
-        float* d = &dst[k][col];
-        if (vec && col + 4 <= f) {
-            cp_async16(d, src);
-        } else {
+    constexpr int QUADS = Cfg<F>::QUADS, ROWB = Cfg<F>::ROW * 4;
+    if (vec) {
+        constexpr int ITERS = (Cfg<F>::BIN * QUADS + NT - 1) / NT;
+        int v[ITERS];
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                if (col + q < f) cp_async4(d + q, src + q);
-                else if (col + q == f) cp_async4(d + q, val + e);
-            }
+        for (int it = 0; it < ITERS; ++it) {
+            const int k = (threadIdx.x + it * NT) / QUADS;
+            v[it] = k < nk ? __ldg(idx + e0 + k) : 0;
+        }
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it) {
+            const int c = threadIdx.x + it * NT;
+            const int k = c / QUADS, col = 4 * (c - k * QUADS);
+            if (k < nk && col < f)
+                cp_async16(dst + k * ROWB + 4 * bin_col(col), fixed + (long long)v[it] * f + col);
+        }
+    } else {
+        for (int c = threadIdx.x; c < nk * F; c += NT) {
+            const int k = c / F, col = c - k * F;
+            if (col < f)
+                cp_async4(dst + k * ROWB + 4 * bin_col(col),
+                          fixed + (long long)__ldg(idx + e0 + k) * f + col);
         }
     }
+    for (int k = threadIdx.x; k < nk; k += NT) cp_async4(dst + k * ROWB + 4 * bin_col(f), val + e0 + k);
 }
 
 // acc = this thread's tile (8 ib, 8 jb) of sum g_v g_v^T over ratings [lo, hi) of one row.
-// Ends with a barrier, so the caller may reuse `bins` at once.
+// `bins` holds 2 BIN bin rows. Ends with a barrier, so the caller may reuse `bins` at once.
 template <int F, int NT>
-__device__ __forceinline__ void gram(float (&acc)[TILE][TILE], float (*bins)[F],
+__device__ __forceinline__ void gram(float (&acc)[TILE][TILE], float* bins,
                                      const int* __restrict__ idx, const float* __restrict__ val,
                                      const float* __restrict__ fixed, int f, bool vec,
                                      long long lo, long long hi, int i0, int j0, bool active) {
-    constexpr int BIN = Cfg<F>::BIN;
+    constexpr int BIN = Cfg<F>::BIN, ROW = Cfg<F>::ROW;
 #pragma unroll
     for (int r = 0; r < TILE; ++r)
 #pragma unroll
         for (int c = 0; c < TILE; ++c) acc[r][c] = 0.0f;
     const int npad = F - f - 1;  // columns after the rating column, never copied into
-    for (int c = threadIdx.x; c < 2 * BIN * npad; c += NT) bins[c / npad][f + 1 + c % npad] = 0.0f;
+    for (int c = threadIdx.x; c < 2 * BIN * npad; c += NT)
+        bins[(c / npad) * ROW + bin_col(f + 1 + c % npad)] = 0.0f;
 
     const int n = (int)(hi - lo);
     const int nbins = (n + BIN - 1) / BIN;
-    load_bin<F, NT>(bins, idx, val, fixed, f, vec, lo, min(BIN, n));
+    const unsigned base = smem_u32(bins);
+    load_bin<F, NT>(base, idx, val, fixed, f, vec, lo, min(BIN, n));
     cp_async_commit();
     for (int b = 0; b < nbins; ++b) {
         const int next = (b + 1) * BIN;
         if (next < n)
-            load_bin<F, NT>(bins + ((b + 1) & 1) * BIN, idx, val, fixed, f, vec, lo + next,
-                            min(BIN, n - next));
+            load_bin<F, NT>(base + ((b + 1) & 1) * BIN * ROW * 4, idx, val, fixed, f, vec,
+                            lo + next, min(BIN, n - next));
         cp_async_commit();
         cp_async_wait_prior1();
         __syncthreads();
         if (active) {
-            const float(*S)[F] = bins + (b & 1) * BIN;
+            const float* sa = bins + (b & 1) * BIN * ROW + (i0 / TILE) * CHUNK;
+            const float* sb = bins + (b & 1) * BIN * ROW + (j0 / TILE) * CHUNK;
             const int nk = min(BIN, n - b * BIN);
 #pragma unroll 2
             for (int k = 0; k < nk; ++k) {
-                const float4 a0 = *reinterpret_cast<const float4*>(&S[k][i0]);
-                const float4 a1 = *reinterpret_cast<const float4*>(&S[k][i0 + 4]);
-                const float4 b0 = *reinterpret_cast<const float4*>(&S[k][j0]);
-                const float4 b1 = *reinterpret_cast<const float4*>(&S[k][j0 + 4]);
+                const float4 a0 = *reinterpret_cast<const float4*>(sa + k * ROW);
+                const float4 a1 = *reinterpret_cast<const float4*>(sa + k * ROW + 4);
+                const float4 b0 = *reinterpret_cast<const float4*>(sb + k * ROW);
+                const float4 b1 = *reinterpret_cast<const float4*>(sb + k * ROW + 4);
                 const float a[TILE] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
                 const float bb[TILE] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
@@ -262,14 +289,15 @@ __device__ __forceinline__ void chol_solve(float (&acc)[TILE][TILE], int ib, int
 // (ratings [seg_lo[s], seg_hi[s]) of output row seg_out[s]) into A (rows, f, f, lower
 // triangle) and B (rows, f). With `atomic`, rows split over several segments sum up in
 // place (A, B zeroed by the caller); without, each row has one segment and is stored.
-template <int F, int NT>
-__global__ void __launch_bounds__(NT)
+// MINB: minimum resident blocks per SM asked of the compiler (as for update_kernel).
+template <int F, int NT, int MINB>
+__global__ void __launch_bounds__(NT, MINB)
     hermitian_kernel(const int* __restrict__ idx, const float* __restrict__ val,
                      const float* __restrict__ fixed, int f, int vec,
                      const int* __restrict__ seg_out, const long long* __restrict__ seg_lo,
                      const long long* __restrict__ seg_hi, int atomic, float* __restrict__ A,
                      float* __restrict__ B) {
-    __shared__ __align__(16) float bins[2 * Cfg<F>::BIN][F];
+    __shared__ __align__(16) float bins[2 * Cfg<F>::BIN * Cfg<F>::ROW];
     const int s = blockIdx.x;
     const int t = blockIdx.y * NT + threadIdx.x;
     const bool active = t < Cfg<F>::NTRI;
@@ -282,9 +310,17 @@ __global__ void __launch_bounds__(NT)
     const long long u = seg_out[s];
     float* Au = A + u * f * f;
     float* Bu = B + u * f;
+    // Whole 8-float rows of off-diagonal tiles go out as two 16-byte stores.
+    const bool wide = !atomic && vec && jb < ib && (jb + 1) * TILE <= f;
 #pragma unroll
     for (int r = 0; r < TILE; ++r) {
         const int i = ib * TILE + r;
+        if (wide && i < f) {
+            float4* dst = reinterpret_cast<float4*>(Au + i * f + jb * TILE);
+            dst[0] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+            dst[1] = make_float4(acc[r][4], acc[r][5], acc[r][6], acc[r][7]);
+            continue;
+        }
 #pragma unroll
         for (int c = 0; c < TILE; ++c) {
             const int j = jb * TILE + c;
@@ -299,15 +335,16 @@ __global__ void __launch_bounds__(NT)
 }
 
 // Fused update of whole rows (p == 1): Gram in registers -> Cholesky -> solves -> x_u.
-// A never leaves the chip. Block b solves row rows[b]; reg[u] = lambda * n_u. MINB is the
-// minimum of resident blocks per SM asked of the compiler (1: no register cap).
+// A never leaves the chip. Block b solves row u = rows[b] (counts[u] > 0), adding
+// lam * counts[u] to the diagonal. MINB is the minimum of resident blocks per SM asked of
+// the compiler: it caps the registers.
 template <int F, int NT, int MINB>
 __global__ void __launch_bounds__(NT, MINB)
     update_kernel(const long long* __restrict__ indptr, const int* __restrict__ idx,
                   const float* __restrict__ val, const float* __restrict__ fixed, int f, int vec,
-                  const float* __restrict__ reg, const int* __restrict__ rows,
-                  float* __restrict__ X) {
-    constexpr int BIN_BYTES = 2 * Cfg<F>::BIN * F * 4;
+                  const long long* __restrict__ counts, float lam,
+                  const int* __restrict__ rows, float* __restrict__ X) {
+    constexpr int BIN_BYTES = 2 * Cfg<F>::BIN * Cfg<F>::ROW * 4;
     constexpr int BYTES = BIN_BYTES > (int)sizeof(CholSmem<F>) ? BIN_BYTES : (int)sizeof(CholSmem<F>);
     __shared__ __align__(16) unsigned char smem[BYTES];
     const int u = rows[blockIdx.x];
@@ -315,23 +352,29 @@ __global__ void __launch_bounds__(NT, MINB)
     int ib = 0, jb = 0;
     if (active) tile_of(threadIdx.x, Cfg<F>::NTILE, ib, jb);
     float acc[TILE][TILE];
-    gram<F, NT>(acc, reinterpret_cast<float(*)[F]>(smem), idx, val, fixed, f, vec != 0,
+    gram<F, NT>(acc, reinterpret_cast<float*>(smem), idx, val, fixed, f, vec != 0,
                 indptr[u], indptr[u + 1], ib * TILE, jb * TILE, active);
-    chol_solve<F>(acc, ib, jb, active, f, reg[u], *reinterpret_cast<CholSmem<F>*>(smem),
-                  X + (long long)u * f);
+    chol_solve<F>(acc, ib, jb, active, f, lam * (float)counts[u],
+                  *reinterpret_cast<CholSmem<F>*>(smem), X + (long long)u * f);
 }
 
-// Batched solve of (A[u] + reg[u] I) x = B[u] for u in rows, reading A's lower triangle.
-template <int F, int NT>
-__global__ void __launch_bounds__(NT)
-    solve_kernel(const float* __restrict__ A, const float* __restrict__ B, int f,
-                 const float* __restrict__ reg, const int* __restrict__ rows,
-                 float* __restrict__ X) {
-    __shared__ CholSmem<F> sh;
-    const long long u = rows[blockIdx.x];
-    const bool active = threadIdx.x < Cfg<F>::NTRI;
+// Batched solve of X[u] = (A[u] + lam counts[u] I)^-1 B[u] for u < n, reading A's lower
+// triangle; zeros where counts[u] <= 0. A block solves SYS systems (several when the
+// tiles of one fill less than a warp), thread group s = threadIdx.x / NTRI solving one.
+template <int F, int NT, int MINB>
+__global__ void __launch_bounds__(NT, MINB)
+    solve_kernel(const float* __restrict__ A, const float* __restrict__ B, int f, long long n,
+                 const long long* __restrict__ counts, float lam, float* __restrict__ X) {
+    constexpr int NTRI = Cfg<F>::NTRI, SYS = Cfg<F>::SYS;
+    __shared__ CholSmem<F> sh[SYS];
+    const int s = threadIdx.x / NTRI, t = threadIdx.x - s * NTRI;
+    const long long u = (long long)blockIdx.x * SYS + s;
+    const bool mine = s < SYS && u < n;  // this thread's group has a system
+    const bool solve = mine && counts[u] > 0;
+    if (mine && !solve)
+        for (int j = t; j < f; j += NTRI) X[u * f + j] = 0.0f;
     int ib = 0, jb = 0;
-    if (active) tile_of(threadIdx.x, Cfg<F>::NTILE, ib, jb);
+    if (solve) tile_of(t, Cfg<F>::NTILE, ib, jb);
     const float* Au = A + u * f * f;
     const float* Bu = B + u * f;
     float acc[TILE][TILE];
@@ -342,10 +385,11 @@ __global__ void __launch_bounds__(NT)
         for (int c = 0; c < TILE; ++c) {
             const int j = jb * TILE + c;
             float v = 0.0f;
-            if (active && i < f && j <= i) v = __ldg(Au + i * f + j);
-            else if (active && i == f && j < f) v = __ldg(Bu + j);
+            if (solve && i < f && j <= i) v = __ldg(Au + i * f + j);
+            else if (solve && i == f && j < f) v = __ldg(Bu + j);
             acc[r][c] = v;
         }
     }
-    chol_solve<F>(acc, ib, jb, active, f, reg[u], sh, X + u * f);
+    chol_solve<F>(acc, ib, jb, solve, f, solve ? lam * (float)counts[u] : 0.0f,
+                  sh[s < SYS ? s : 0], X + (solve ? u : 0) * f);
 }
