@@ -1,23 +1,28 @@
 """The ``cumf-dask`` command: generate, ingest, info, plan, train, evaluate, recommend, bench.
 
 Exit codes a script can rely on: 0 success; 2 bad usage or config; 3 bad data, store or
-model file; 4 no plan fits or a worker ran out of memory; 1 anything else.
-``--json`` prints one JSON document on stdout (and nothing else there); ``--quiet`` prints
-only errors.
+model file; 4 no plan fits or a worker ran out of memory; 130 interrupted; 1 anything else.
+``--json`` prints one JSON document on stdout and nothing else there (on failure
+``{"error": ..., "exit_code": ...}``); ``--quiet`` prints only errors. Both may come before
+or after the command. Progress bars and log lines go to stderr; bars only on a terminal.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import runpy
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -28,14 +33,18 @@ EXIT = {ConfigError: 2, StoreError: 3, IngestError: 3, PlanError: 4, DeviceMemor
 
 
 class Output:
-    """Where the command talks: rich on stderr for people, JSON on stdout for scripts."""
+    """Where the command talks: rich on stderr for people, JSON on stdout for scripts.
 
-    def __init__(self, quiet: bool, as_json: bool):
+    Log lines go through the same console as the progress bars, so a line printed while a
+    bar is live appears above the bars instead of tearing them.
+    """
+
+    def __init__(self, quiet: bool, as_json: bool, console: Console | None = None):
         self.quiet, self.as_json = quiet, as_json
-        self.console = Console(stderr=True, quiet=quiet, soft_wrap=True)
+        self.console = console or Console(stderr=True, quiet=quiet, soft_wrap=True)
 
     def log(self, text: str) -> None:
-        self.console.print(text, highlight=False)
+        self.console.print(text, highlight=False, markup=False)
 
     def result(self, data: dict[str, Any], human: Callable[[], None]) -> None:
         if self.as_json:
@@ -43,12 +52,21 @@ class Output:
         elif not self.quiet:
             human()
 
+    def error(self, message: str, code: int) -> None:
+        """The error on stderr (also when quiet), and as the JSON document in --json mode."""
+        Console(stderr=True, soft_wrap=True).print(
+            f"[bold red]error:[/] {escape(message)}", highlight=False
+        )
+        if self.as_json:
+            print(json.dumps({"error": message, "exit_code": code}))
+
     @contextmanager
     def progress(self) -> Iterator[Callable[[str, int, int | None], None]]:
-        """A progress callback (stage, done, total) drawing one bar per stage."""
+        """A progress callback (stage, done, total) drawing one bar per stage on a terminal."""
         bars = Progress(
             TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=self.console, disable=self.quiet, transient=False,
+            TimeElapsedColumn(), console=self.console,
+            disable=self.quiet or not self.console.is_terminal,
         )  # fmt: skip
         tasks: dict[str, Any] = {}
 
@@ -130,7 +148,7 @@ def _report_store(store: Any, out: Output) -> None:
     info = store_info(store)
 
     def human() -> None:
-        table = Table(title=f"rating store {info['url']}", show_header=False)
+        table = Table(title=f"rating store {escape(info['url'])}", show_header=False)
         table.add_row("shape", f"{info['m']:,} x {info['n']:,}")
         table.add_row("ratings", f"{info['nnz']:,} train, {info['nnz_test']:,} held out "
                                  f"(density {info['density']:.2e})")  # fmt: skip
@@ -145,11 +163,26 @@ def _report_store(store: Any, out: Output) -> None:
         table.add_row("values", f"min {r['min']:.3g}, max {r['max']:.3g}, mean {r['mean']:.3g}, "
                                 f"std {r['std']:.3g}")  # fmt: skip
         if info["bytes_on_disk"] is not None:
-            table.add_row("on disk", f"{info['bytes_on_disk'] / 1e6:,.1f} MB")
-        table.add_row("source", json.dumps(info["source"], default=str)[:200])
+            table.add_row("on disk", _bytes(info["bytes_on_disk"]))
+        table.add_row("ids", "the input's own ids, kept" if info["has_ids"] else "dense indices")
+        source = ", ".join(f"{key} {_short(value)}" for key, value in info["source"].items())
+        table.add_row("source", escape(source))
         Console().print(table)
 
     out.result(info, human)
+
+
+def _bytes(size: int) -> str:
+    """12.3 kB, 4.5 MB, 6.7 GB."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000:
+            return f"{size:.3g} {unit}"
+        size /= 1000
+    return f"{size:,.1f} TB"
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 QUICKSTART = Path(__file__).with_name("quickstart.yaml")
@@ -165,8 +198,8 @@ def cmd_plan(args: argparse.Namespace, out: Output) -> None:
     from .pipeline import plan_for, prepare_store
 
     config = _config(args)
-    with cluster_client(config.cluster) as client:
-        store = prepare_store(config, client, log=out.log)
+    with cluster_client(config.cluster) as client, out.progress() as progress:
+        store = prepare_store(config, client, progress, out.log)
         plan = plan_for(config, store, client)
     out.result(plan.to_dict(), lambda: print(plan.table()))
 
@@ -193,8 +226,8 @@ def cmd_train(args: argparse.Namespace, out: Output) -> None:
     def human() -> None:
         print(f"model saved to {summary['model']}; run folder {summary['run']}")
         if summary.get("test_rmse") is not None:
-            best = summary.get("planted_test_rmse")
-            extra = f" (planted noise floor {best:.4f})" if best else ""
+            planted = summary.get("planted_test_rmse")
+            extra = f" (the planted model scores {planted:.4f})" if planted else ""
             print(f"final test RMSE {summary['test_rmse']:.4f}{extra}")
 
     out.result(summary, human)
@@ -215,7 +248,6 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
     result: dict[str, Any] = {"train_rmse": model.rmse(store, kind="train")}
     if store.has_test:
         result["test_rmse"] = model.rmse(store, kind="test")
-        model._store = store
         result.update(ranking_metrics(model, store, k=args.k, threshold=args.threshold,
                                       max_users=args.users))  # fmt: skip
 
@@ -227,42 +259,45 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
 
 
 def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
-    import numpy as np
-
     from .data.store import RatingsStore
     from .model import ALS
 
     model = ALS.load(args.model)
     store_url = args.store or model.store_url_
     store = RatingsStore.open(store_url) if store_url else None
-    user_ids, item_ids = model.user_ids_, model.item_ids_
-    index = _lookup(args.user, user_ids, model.shape_[0])
+    index = _lookup(args.user, model.user_ids_, model.shape_[0])
     top, scores = model.recommend([index], k=args.k, exclude_seen=store is not None, store=store)
-    items = [item_ids[i].item() if item_ids is not None else int(i) for i in top[0]]
-    result = {"user": args.user, "items": items, "scores": [float(s) for s in scores[0]]}
+    items = model.item_ids_[top[0]].tolist() if model.item_ids_ is not None else top[0].tolist()
+    result = {"user": args.user, "items": items, "scores": scores[0].tolist()}
 
     def human() -> None:
-        for rank, (item, score) in enumerate(zip(items, scores[0], strict=True), 1):
-            print(f"{rank:>3}. {item}  {float(np.float32(score)):.4f}")
+        for rank, (item, score) in enumerate(zip(items, result["scores"], strict=True), 1):
+            print(f"{rank:>3}. {item}  {score:.4f}")
 
     out.result(result, human)
 
 
-def _lookup(user: str, ids: Any, m: int) -> int:
-    """Dense index of a user given in the user's own ids."""
+def _lookup(user: str, ids: np.ndarray | None, m: int) -> int:
+    """Dense index of a user given in the user's own ids (a dense index if none were kept)."""
+    numeric = user.lstrip("-").isdigit()
     if ids is None:
-        if not user.lstrip("-").isdigit() or not 0 <= int(user) < m:
+        if not numeric or not 0 <= int(user) < m:
             raise ConfigError(f"user {user!r} is not an index in [0, {m})")
         return int(user)
-    import numpy as np
-
-    matches = np.flatnonzero(np.asarray(ids).astype(str) == user)
+    if ids.dtype.kind in "iu":
+        matches = np.flatnonzero(ids == int(user)) if numeric else np.zeros(0)
+    else:
+        matches = np.flatnonzero(ids == user)
     if matches.size == 0:
-        raise ConfigError(f"user {user!r} is not in the model's user ids")
+        raise ConfigError(f"user {user!r} is not in the model's user ids (e.g. {ids[:3].tolist()})")
     return int(matches[0])
 
 
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
 def cmd_bench(args: argparse.Namespace, out: Output) -> None:
+    """Run benchmarks/bench_<name>.py with the remaining arguments (it prints for itself)."""
     root = Path(args.dir)
     available = sorted(p.stem.removeprefix("bench_") for p in root.glob("bench_*.py"))
     script = root / f"bench_{args.name}.py"
@@ -270,43 +305,59 @@ def cmd_bench(args: argparse.Namespace, out: Output) -> None:
         raise ConfigError(f"no benchmark '{args.name}' in {root}/; available: "
                           f"{', '.join(available) or 'none'}")  # fmt: skip
     sys.argv = [str(script), *args.args]
+    sys.path.insert(0, str(root))  # as `python script.py` would: `from report import ...`
     runpy.run_path(str(script), run_name="__main__")
 
 
 # ----------------------------------------------------------------------------- parser
 
 
+def _modes(p: argparse.ArgumentParser, default: Any) -> None:
+    p.add_argument("--quiet", "-q", action="store_true", default=default, help="print only errors")
+    p.add_argument("--json", action="store_true", default=default,
+                   help="print one JSON document on stdout")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cumf-dask", description=__doc__.split("\n")[0])
-    parser.add_argument("--quiet", "-q", action="store_true", help="print only errors")
-    parser.add_argument("--json", action="store_true", help="print one JSON result on stdout")
+    parser = argparse.ArgumentParser(
+        prog="cumf-dask",
+        description="ALS matrix factorization on Dask, on CPUs and GPUs.",
+        epilog="exit codes: 0 success, 2 bad usage or config, 3 bad data, store or model "
+        "file, 4 no plan fits or out of memory, 130 interrupted, 1 anything else",
+    )
+    _modes(parser, False)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func: Callable[..., None], text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text)
+        _modes(p, argparse.SUPPRESS)  # after the command too, without resetting the global flag
+        p.set_defaults(func=func)
+        return p
 
     def store_layout(p: argparse.ArgumentParser) -> None:
         p.add_argument("-o", "--output", required=True, help="store path or URL to write")
-        p.add_argument("--test-fraction", type=float, default=0.1)
+        p.add_argument("--test-fraction", type=float, default=0.1, help="held-out share")
         p.add_argument("--split-seed", type=int, default=0)
-        p.add_argument("--tile-rows", type=int)
+        p.add_argument("--tile-rows", type=int, help="rows per tile (default: from the shape)")
         p.add_argument("--tile-cols", type=int)
         p.add_argument("--overwrite", action="store_true", help="replace an existing store")
 
-    g = sub.add_parser("generate", help="write a synthetic planted-model store")
+    g = add("generate", cmd_generate, "write a synthetic planted-model store")
     g.add_argument("--preset", help="netflix, yahoomusic, hugewiki, sparkals, factorbird, facebook")
     g.add_argument("--scale", type=float, default=1.0, help="multiplies the preset's m, n, nnz")
     for name in ("m", "n", "nnz"):
-        g.add_argument(f"--{name}", type=int)
-    g.add_argument("--rank", type=int, default=10)
-    g.add_argument("--noise", type=float, default=0.1)
-    g.add_argument("--skew", type=float, default=0.8)
-    g.add_argument("--rating-min", type=float)
-    g.add_argument("--rating-max", type=float)
-    g.add_argument("--round", action="store_true")
+        g.add_argument(f"--{name}", type=int, help=f"{name} (overrides the preset)")
+    g.add_argument("--rank", type=int, default=10, help="rank of the planted model")
+    g.add_argument("--noise", type=float, default=0.1, help="sigma of the Gaussian noise")
+    g.add_argument("--skew", type=float, default=0.8, help="Zipf exponent of the degrees")
+    g.add_argument("--rating-min", type=float, help="clip ratings below")
+    g.add_argument("--rating-max", type=float, help="clip ratings above")
+    g.add_argument("--round", action="store_true", help="round ratings to integers")
     g.add_argument("--allow-empty", action="store_true", help="rows/columns may have no rating")
     g.add_argument("--seed", type=int, default=0)
     store_layout(g)
-    g.set_defaults(func=cmd_generate)
 
-    i = sub.add_parser("ingest", help="read a ratings file into a store")
+    i = add("ingest", cmd_ingest, "read a ratings file into a store")
     i.add_argument("file", help="input path or fsspec URL")
     i.add_argument("--format", default="csv", help="csv, tsv, delimited, movielens-100k, "
                    "movielens-1m, movielens-csv, netflix, parquet")  # fmt: skip
@@ -317,58 +368,58 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--m", type=int, help="declared rows: ids are indices in [0, m)")
     i.add_argument("--n", type=int, help="declared columns")
     store_layout(i)
-    i.set_defaults(func=cmd_ingest)
 
-    info = sub.add_parser("info", help="describe a store")
-    info.add_argument("store")
-    info.set_defaults(func=cmd_info)
+    add("info", cmd_info, "describe a store").add_argument("store")
 
     for name, func, text in (("plan", cmd_plan, "print the plan of a config"),
                              ("train", cmd_train, "run a configured training job")):  # fmt: skip
-        p = sub.add_parser(name, help=text)
+        p = add(name, func, text)
         p.add_argument("config", nargs="?", help="YAML config (default: the embedded "
                        "quickstart; every key: configs/reference.yaml)")  # fmt: skip
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key, e.g. --set model.factors=64")  # fmt: skip
         if name == "train":
-            p.add_argument("--resume", action="store_true",
-                           help="continue the latest run of this config from its checkpoint")
-        p.set_defaults(func=func)
+            p.add_argument(
+                "--resume",
+                action="store_true",
+                help="continue the latest run of this config from its checkpoint",
+            )
 
-    e = sub.add_parser("evaluate", help="RMSE and ranking metrics of a saved model")
+    e = add("evaluate", cmd_evaluate, "RMSE and ranking metrics of a saved model")
     e.add_argument("model")
     e.add_argument("store")
     e.add_argument("-k", type=int, default=10)
     e.add_argument("--threshold", type=float, help="held-out ratings >= this are relevant")
     e.add_argument("--users", type=int, default=10_000, help="users sampled for ranking")
-    e.set_defaults(func=cmd_evaluate)
 
-    r = sub.add_parser("recommend", help="top-k items for a user (in the user's own ids)")
+    r = add("recommend", cmd_recommend, "top-k items for a user (in the user's own ids)")
     r.add_argument("model")
     r.add_argument("--user", required=True)
     r.add_argument("-k", type=int, default=10)
     r.add_argument("--store", help="the training store (default: the one the model names)")
-    r.set_defaults(func=cmd_recommend)
 
-    b = sub.add_parser("bench", help="run a named benchmark from benchmarks/")
-    b.add_argument("name")
-    b.add_argument("args", nargs=argparse.REMAINDER)
-    b.add_argument("--dir", default="benchmarks")
-    b.set_defaults(func=cmd_bench)
+    b = add("bench", cmd_bench, "run benchmarks/bench_NAME.py (it prints its own output)")
+    b.add_argument("--dir", default=str(BENCHMARKS), help="folder of bench_*.py scripts")
+    b.add_argument("name", help="e.g. kernels for bench_kernels.py")
+    b.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.quiet:  # also the libraries' warnings and Dask's logs, in worker processes too
+        warnings.simplefilter("ignore")
+        os.environ.setdefault("PYTHONWARNINGS", "ignore")
+        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
     out = Output(args.quiet, args.json)
     try:
         args.func(args, out)
     except CumfError as exc:
         code = next((c for kind, c in EXIT.items() if isinstance(exc, kind)), 1)
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        out.error(str(exc), code)
         return code
     except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted")
+        out.error("interrupted", 130)
         return 130
     return 0
 

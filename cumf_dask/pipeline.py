@@ -100,12 +100,16 @@ def train(
     progress: Progress | None = None,
     log: Log = print,
 ) -> TrainResult:
-    """Run a configured job end to end and write its run folder."""
+    """Run a configured job end to end and write its run folder.
+
+    `on_iteration` gets each iteration's metrics record; `progress(stage, done, total)` the
+    data stages and stage "train" (iterations done); `log` one-line messages.
+    """
     if client is None:
         with cluster_client(config.cluster) as own:
             return train(config, resume=resume, client=own, on_iteration=on_iteration,
                          progress=progress, log=log)  # fmt: skip
-    if client.dashboard_link:
+    if client.dashboard_link and config.cluster.dashboard_address is not None:
         log(f"Dask dashboard: {client.dashboard_link}")
     store = prepare_store(config, client, progress, log)
     run = RunFolder.latest(config) if resume else None
@@ -114,18 +118,23 @@ def train(
     run = run or RunFolder.create(config)
     run.write_config(config)
     started = time.perf_counter()
+    iterations = config.model.iterations
 
     def record(metrics: dict[str, Any]) -> None:
         run.append_metrics(metrics)
         if on_iteration:
             on_iteration(metrics)
+        if progress:
+            progress("train", metrics["iteration"], iterations)
 
     model = ALS(
-        config.model.factors, config.model.regularization, config.model.iterations,
+        config.model.factors, config.model.regularization, iterations,
         config.model.seed, backend=config.cluster.backend, plan=config.plan,
         checkpoint_dir=str(run.checkpoints) if config.output.checkpoint else None,
         callbacks=[record],
     )  # fmt: skip
+    if progress:
+        progress("train", 0, iterations)
     model.fit(store, client=client, resume=resume)
     run.write_plan(model.plan_)
     model.save(run.model)

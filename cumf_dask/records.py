@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -68,7 +69,11 @@ class RunFolder:
 
 
 def plot_rmse(metrics: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:
-    """Two panels, RMSE by iteration and by elapsed seconds; None if there is nothing to plot."""
+    """Two panels, RMSE by iteration and by training seconds; None if there is nothing to plot.
+
+    Training seconds add up the iterations' own times, so a resumed run's curve continues
+    where the checkpoint left it (``elapsed`` restarts with each process).
+    """
     if not metrics or "train_rmse" not in metrics[0]:
         return None
     import matplotlib
@@ -77,9 +82,9 @@ def plot_rmse(metrics: list[dict[str, Any]], path: Path, title: str = "") -> Pat
     import matplotlib.pyplot as plt
 
     its = [r["iteration"] for r in metrics]
-    secs = [r.get("elapsed", 0.0) for r in metrics]
+    secs = list(itertools.accumulate(r["seconds"] for r in metrics))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    for ax, xs, label in ((axes[0], its, "iteration"), (axes[1], secs, "seconds")):
+    for ax, xs, label in ((axes[0], its, "iteration"), (axes[1], secs, "training seconds")):
         for key, style in (("train_rmse", "o-"), ("test_rmse", "s--")):
             if key in metrics[0]:
                 ax.plot(xs, [r[key] for r in metrics], style, label=key.replace("_", " "))

@@ -1,0 +1,171 @@
+"""Configs: every shipped config loads, the reference documents every key, errors name the
+file and the key, --set overrides, sizes."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cumf_dask.cli import QUICKSTART
+from cumf_dask.config import Config, load_config, parse_size
+from cumf_dask.errors import ConfigError
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+REFERENCE = CONFIGS / "reference.yaml"
+
+
+def dotted_fields(cls: type, prefix: str = "") -> set[str]:
+    """Every key of a config dataclass, nested sections included, as 'section.key'."""
+    keys = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        keys.add(prefix + f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys |= dotted_fields(hints[f.name], f"{prefix}{f.name}.")
+    return keys
+
+
+def dotted_keys(raw: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in raw.items():
+        keys.add(prefix + key)
+        if isinstance(value, dict):
+            keys |= dotted_keys(value, f"{prefix}{key}.")
+    return keys
+
+
+@pytest.mark.parametrize(
+    "path", [*sorted(CONFIGS.glob("*.yaml")), QUICKSTART], ids=lambda p: f"{p.parent.name}/{p.name}"
+)
+def test_every_config_loads(path):
+    assert isinstance(load_config(path), Config)
+
+
+def test_configs_quickstart_is_the_embedded_default():
+    assert (CONFIGS / "quickstart.yaml").read_text() == QUICKSTART.read_text()
+
+
+def test_reference_documents_every_key_with_its_default():
+    raw = yaml.safe_load(REFERENCE.read_text())
+    assert dotted_keys(raw) == dotted_fields(Config)
+    assert load_config(REFERENCE) == Config()  # the values shown are the defaults
+    for line in REFERENCE.read_text().splitlines():
+        if re.match(r"\s*\w+:", line):
+            assert "#" in line, f"reference.yaml: no comment on {line.strip()!r}"
+
+
+def write(tmp_path, text, name="run.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("model:\n  factor: 3\n", r"unknown key 'model\.factor' \(did you mean 'factors'\?\)"),
+        ("modle:\n  factors: 3\n", r"unknown key 'modle' \(did you mean 'model'\?\)"),
+        ("data:\n  generate:\n    sclae: 2\n", r"'data\.generate\.sclae' \(did you mean 'scale'"),
+        ("model:\n  factors: many\n", r"'model\.factors' must be an integer, got 'many'"),
+        ("model:\n  factors: 2.5\n", r"'model\.factors' must be an integer"),
+        ("model:\n  regularization: high\n", r"'model\.regularization' must be a number"),
+        ("output:\n  checkpoint: 1\n", r"'output\.checkpoint' must be true or false"),
+        ("plan:\n  reduction: tree\n", r"'plan\.reduction' must be one of 'scatter', 'two-phase'"),
+        ("cluster:\n  devices: 0\n", r"'cluster\.devices' must be a list of an integer or null"),
+        ("plan:\n  groups: [[0, a]]\n", r"'plan\.groups' must be a list of a list of an integer"),
+        ("model: 3\n", r"'model' must be a mapping, got int"),
+        ("- model\n", r"the top level must be a mapping"),
+        ("model:\n  factors: [1\n", r"not valid YAML"),
+    ],
+)
+def test_errors_name_the_file_and_the_key(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + ".*" + message):
+        load_config(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.factors", r"override 'model\.factors' must look like section\.key=value"),
+        ("model.factor=3", r"unknown key 'model\.factor' \(did you mean 'factors'\?\)"),
+        ("model.factors=abc", r"'model\.factors' must be an integer, got 'abc'"),
+        ("data.generate=5", r"'data\.generate' must be a mapping"),
+    ],
+)
+def test_bad_overrides(tmp_path, override, message):
+    path = write(tmp_path, "model:\n  factors: 8\n")
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + ".*" + message):
+        load_config(path, overrides=[override])
+
+
+def test_overrides_of_nested_keys_lists_and_numbers(tmp_path):
+    path = write(tmp_path, "model:\n  factors: 8\n  iterations: 3\ndata:\n  generate:\n    m: 10\n")
+    config = load_config(
+        path,
+        overrides=[
+            "model.factors=64",
+            "model.regularization=1",  # an integer for a float key
+            "data.generate.scale=0.5",
+            "plan.x.p=2",
+            "plan.groups=[[0,1],[2,3]]",
+            "cluster.devices=[0, 1]",
+            "cluster.dashboard_address=null",
+            "cluster.memory_limit=4GB",
+            "output.name=run-64",
+            "model.factors=32",  # the last override wins
+        ],
+    )
+    assert config.model.factors == 32 and config.model.iterations == 3  # file keys kept
+    assert config.model.regularization == 1.0 and isinstance(config.model.regularization, float)
+    assert config.data.generate.scale == 0.5 and config.data.generate.m == 10
+    assert config.plan.x.p == 2 and config.plan.theta.p is None
+    assert config.plan.groups == [[0, 1], [2, 3]]
+    assert config.cluster.devices == [0, 1]
+    assert config.cluster.dashboard_address is None
+    assert config.cluster.memory_limit == "4GB"
+    assert config.output.name == "run-64"
+
+
+def test_overrides_without_a_file():
+    config = load_config(overrides=["model.factors=5"])
+    assert config.model.factors == 5 and config.data == Config().data
+
+
+@pytest.mark.parametrize(
+    ("text", "total", "expected"),
+    [
+        (None, None, None),
+        (1000, None, 1000),
+        ("12GB", None, 12 * 10**9),
+        ("1.5 GB", None, 1_500_000_000),
+        ("512MiB", None, 512 * 2**20),
+        ("2kib", None, 2048),
+        ("100B", None, 100),
+        ("10%", 5000, 500),
+        (0.8, 1000, 800),
+        ("0.25", 1000, 250),
+        ("4096", None, 4096),
+    ],
+)
+def test_parse_size(text, total, expected):
+    assert parse_size(text, total) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "total", "message"),
+    [("10%", None, "is a percentage but no total"), ("lots", None, "not understood")],
+)
+def test_parse_size_errors(text, total, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_size(text, total)
