@@ -195,13 +195,19 @@ def _config(args: argparse.Namespace) -> Config:
 
 def cmd_plan(args: argparse.Namespace, out: Output) -> None:
     from .engine.cluster import cluster_client
-    from .pipeline import plan_for, prepare_store
+    from .pipeline import plan_for
 
     config = _config(args)
     with cluster_client(config.cluster) as client, out.progress() as progress:
-        store = prepare_store(config, client, progress, out.log)
-        plan = plan_for(config, store, client)
-    out.result(plan.to_dict(), lambda: print(plan.table()))
+        plan, estimated = plan_for(config, client, progress, out.log)
+    note = "estimated from the generator's shape: the store is not built yet (even splits)"
+
+    def human() -> None:
+        print(plan.table())
+        if estimated:
+            print(note)
+
+    out.result({**plan.to_dict(), "estimated": estimated}, human)
 
 
 def cmd_train(args: argparse.Namespace, out: Output) -> None:

@@ -14,14 +14,14 @@ import numpy as np
 
 from .backend import get_backend, resolve_backend_name
 from .checkpoint import MODEL_FORMAT, MODEL_VERSION, Checkpointer, read_factors, write_factors
-from .config import ClusterConfig, PlanConfig, parse_size
+from .config import ClusterConfig, PlanConfig
 from .data.builder import build_store
 from .data.store import RatingsStore
 from .engine import tasks
-from .engine.cluster import cluster_client, worker_addresses, worker_memory
+from .engine.cluster import cluster_client, plan_on, worker_addresses
 from .engine.graph import Factor, SUALSEngine, even_bounds
 from .errors import ConfigError, StoreError
-from .plan import Plan, make_plan
+from .plan import Plan
 
 Callback = Callable[[dict[str, Any]], None]
 
@@ -49,6 +49,9 @@ class ALS:
         Compute train (and, if the store has held-out ratings, test) RMSE every iteration.
     callbacks : sequence of callables
         Each is called with the iteration's metrics record (a dict) after every iteration.
+    progress : callable, optional
+        ``progress(stage, done, total)`` as the batches of each half-step finish
+        (stages "update X" and "update Theta").
 
     Attributes
     ----------
@@ -71,6 +74,7 @@ class ALS:
         checkpoint_dir: str | None = None,
         evaluate: bool = True,
         callbacks: Sequence[Callback] = (),
+        progress: Callable[[str, int, int], None] | None = None,
     ):
         self.factors = factors
         self.regularization = regularization
@@ -81,6 +85,7 @@ class ALS:
         self.checkpoint_dir = checkpoint_dir
         self.evaluate = evaluate
         self.callbacks = list(callbacks)
+        self.progress = progress
 
     # ------------------------------------------------------------------ fitting
     def fit(
@@ -138,21 +143,9 @@ class ALS:
 
     def _fit(self, store: RatingsStore, client: Any, backend: str, resume: bool) -> None:
         workers = worker_addresses(client)
-        plan_cfg = self.plan or PlanConfig()
-        budget = worker_memory(client, backend)
-        if plan_cfg.memory_budget is not None:
-            budget = parse_size(plan_cfg.memory_budget, budget) or budget
-        self.plan_: Plan = make_plan(
-            store.m,
-            store.n,
-            store.nnz,
-            self.factors,
-            len(workers),
-            budget,
-            store.counts("row"),
-            store.counts("col"),
-            plan_cfg,
-            backend,
+        self.plan_: Plan = plan_on(
+            client, (store.m, store.n, store.nnz), self.factors, self.plan, backend,
+            (store.counts("row"), store.counts("col")),
         )
         engine = SUALSEngine(client, store, self.plan_, self.regularization, backend, workers)
         self._engine, self._store, self._backend = engine, store, backend
@@ -175,9 +168,9 @@ class ALS:
         began = time.perf_counter()
         for it in range(start + 1, self.iterations + 1):
             t0 = time.perf_counter()
-            X = engine.half_step("x", theta, it)
+            X = engine.half_step("x", theta, it, self.progress)
             t1 = time.perf_counter()
-            theta = engine.half_step("theta", X, it)
+            theta = engine.half_step("theta", X, it, self.progress)
             t2 = time.perf_counter()
             record: dict[str, Any] = {
                 "iteration": it,

@@ -8,12 +8,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .backend import resolve_backend_name
-from .config import Config, parse_size
+from .config import Config
 from .data.store import RatingsStore
-from .engine.cluster import cluster_client, worker_addresses, worker_memory
+from .engine.cluster import cluster_client, plan_on
 from .errors import StoreError
 from .model import ALS
-from .plan import Plan, make_plan
+from .plan import Plan
 from .records import RunFolder
 
 Progress = Callable[[str, int, int], None]
@@ -71,16 +71,32 @@ def _check_reuse(config: Config, store: RatingsStore) -> None:
         )
 
 
-def plan_for(config: Config, store: RatingsStore, client: Any) -> Plan:
-    """The plan for this config on this client's workers."""
+def plan_for(
+    config: Config, client: Any, progress: Progress | None = None, log: Log = print
+) -> tuple[Plan, bool]:
+    """(plan, estimated): the plan of this config on this client's workers.
+
+    With an existing store the plan uses its exact counts; a file to ingest is ingested
+    first. A store still to be generated is planned from the generator's shape with even
+    splits (estimated = True), so planning a billion-rating config does not first build it.
+    """
     backend = resolve_backend_name(config.cluster.backend)
-    budget = worker_memory(client, backend)
-    if config.plan.memory_budget is not None:
-        budget = parse_size(config.plan.memory_budget, budget) or budget
-    return make_plan(
-        store.m, store.n, store.nnz, config.model.factors, len(worker_addresses(client)),
-        budget, store.counts("row"), store.counts("col"), config.plan, backend,
-    )  # fmt: skip
+    try:
+        store = RatingsStore.open(config.data.store)
+    except StoreError:
+        if config.data.source == "store":
+            raise
+        if config.data.source == "generate":
+            from .data.synthetic import resolve_shape
+
+            m, n, total = resolve_shape(config.data.generate)
+            nnz = int(total * (1 - config.data.test_fraction))
+            plan = plan_on(client, (m, n, nnz), config.model.factors, config.plan, backend)
+            return plan, True
+        store = prepare_store(config, client, progress, log)
+    shape = (store.m, store.n, store.nnz)
+    counts = (store.counts("row"), store.counts("col"))
+    return plan_on(client, shape, config.model.factors, config.plan, backend, counts), False
 
 
 @dataclass
@@ -103,7 +119,8 @@ def train(
     """Run a configured job end to end and write its run folder.
 
     `on_iteration` gets each iteration's metrics record; `progress(stage, done, total)` the
-    data stages and stage "train" (iterations done); `log` one-line messages.
+    data stages, stage "train" (iterations done) and the half-steps' batches ("update X",
+    "update Theta"); `log` one-line messages.
     """
     if client is None:
         with cluster_client(config.cluster) as own:
@@ -131,7 +148,7 @@ def train(
         config.model.factors, config.model.regularization, iterations,
         config.model.seed, backend=config.cluster.backend, plan=config.plan,
         checkpoint_dir=str(run.checkpoints) if config.output.checkpoint else None,
-        callbacks=[record],
+        callbacks=[record], progress=progress,
     )  # fmt: skip
     if progress:
         progress("train", 0, iterations)

@@ -98,11 +98,14 @@ class Plan:
         return "\n".join(lines)
 
 
-def balanced_bounds(counts: np.ndarray, parts: int) -> list[int]:
-    """parts + 1 boundaries splitting rows so each part holds about the same ratings."""
-    n = len(counts)
+def balanced_bounds(counts: np.ndarray | int, parts: int) -> list[int]:
+    """parts + 1 boundaries splitting rows so each part holds about the same ratings.
+
+    `counts` may be just the number of rows (counts unknown): the split is then even.
+    """
+    n = counts if isinstance(counts, int) else len(counts)
     parts = max(1, min(parts, n))
-    total = float(counts.sum())
+    total = 0.0 if isinstance(counts, int) else float(counts.sum())
     if total == 0:
         return [round(i * n / parts) for i in range(parts + 1)]
     cum = np.cumsum(counts, dtype=np.float64)
@@ -137,8 +140,8 @@ def plan_half(
     f: int,
     workers: int,
     budget: int,
-    row_counts: np.ndarray,
-    col_counts: np.ndarray,
+    row_counts: np.ndarray | int,
+    col_counts: np.ndarray | int,
     p: int | None = None,
     q: int | None = None,
     fused: bool = False,
@@ -199,12 +202,17 @@ def make_plan(
     f: int,
     workers: int,
     budget: int,
-    row_counts: np.ndarray,
-    col_counts: np.ndarray,
+    row_counts: np.ndarray | None,
+    col_counts: np.ndarray | None,
     config: PlanConfig | None = None,
     backend: str = "numpy",
 ) -> Plan:
-    """The plan for a whole iteration: update X (Theta fixed), then update Theta (X fixed)."""
+    """The plan for a whole iteration: update X (Theta fixed), then update Theta (X fixed).
+
+    Without the counts (a store not built yet) batches and parts split rows evenly.
+    """
+    row_counts = m if row_counts is None else row_counts
+    col_counts = n if col_counts is None else col_counts
     config = config or PlanConfig()
     if f < 1:
         raise PlanError(f"factors must be at least 1, got {f}")

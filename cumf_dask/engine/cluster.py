@@ -17,8 +17,9 @@ from distributed import Client, WorkerPlugin
 
 from ..backend import resolve_backend_name
 from ..compat import cuda_device_count, has_module
-from ..config import ClusterConfig, parse_size
+from ..config import ClusterConfig, PlanConfig, parse_size
 from ..errors import ConfigError
+from ..plan import Plan, make_plan
 
 
 class CumfWorkerSetup(WorkerPlugin):
@@ -63,7 +64,7 @@ def make_client(config: ClusterConfig | None = None) -> Client:
         cluster = LocalCluster(
             n_workers=n_workers,
             threads_per_worker=config.threads_per_worker,
-            dashboard_address=config.dashboard_address,
+            dashboard_address=_dashboard(config),
             **kwargs,
         )
         client = Client(cluster)
@@ -111,8 +112,14 @@ def _cuda_cluster(config: ClusterConfig) -> Any:
     if config.rmm_pool_size:
         kwargs["rmm_pool_size"] = config.rmm_pool_size
         kwargs["rmm_allocator_external_lib_list"] = ["cupy"]
-    kwargs["dashboard_address"] = config.dashboard_address
+    kwargs["dashboard_address"] = _dashboard(config)
     return LocalCUDACluster(**kwargs)
+
+
+def _dashboard(config: ClusterConfig) -> str:
+    """The dashboard address; with none configured Dask's HTTP server still runs, so give
+    it a free port rather than 8787 (which another cluster may hold)."""
+    return config.dashboard_address if config.dashboard_address is not None else ":0"
 
 
 def worker_addresses(client: Client) -> list[str]:
@@ -133,6 +140,28 @@ def worker_memory(client: Client, backend: str) -> int:
 
         return int(psutil.virtual_memory().total / max(len(limits), 1))
     return min(limits)
+
+
+def plan_on(
+    client: Client,
+    shape: tuple[int, int, int],
+    factors: int,
+    config: PlanConfig | None,
+    backend: str,
+    counts: tuple[Any, Any] = (None, None),
+) -> Plan:
+    """The plan on this client's workers: their number and smallest memory (or the budget).
+
+    `shape` is (m, n, nnz); `counts` the per-row and per-column rating counts when known.
+    """
+    config = config or PlanConfig()
+    budget = worker_memory(client, backend)
+    if config.memory_budget is not None:
+        budget = parse_size(config.memory_budget, budget) or budget
+    m, n, nnz = shape
+    return make_plan(
+        m, n, nnz, factors, len(worker_addresses(client)), budget, *counts, config, backend
+    )
 
 
 def _gpu_total_memory() -> int:

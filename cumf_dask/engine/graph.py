@@ -20,11 +20,12 @@ from __future__ import annotations
 import itertools
 import operator
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from distributed import Client, Future, wait
+from distributed import Client, Future, as_completed
 
 from ..data.store import RatingsStore
 from ..plan import HalfPlan, Plan
@@ -32,6 +33,7 @@ from . import tasks
 from .reduce import reduce_slices
 
 Piece = tuple[int, int, Future]
+Progress = Callable[[str, int, int], None]
 
 
 @dataclass
@@ -120,7 +122,7 @@ class SUALSEngine:
             h.orient,
             (lo, hi),
             self.backend,
-            key=f"counts-{h.label}-{lo}-{hi}-{worker.rsplit(':', 1)[-1]}",
+            key=f"counts-{h.label}-rows{lo}-{hi}-on-{self.workers.index(worker)}",
             worker=worker,
             cache=("counts", h.side, lo, hi, worker),
         )
@@ -184,15 +186,22 @@ class SUALSEngine:
         return Factor(len(array), array.shape[1], pieces)
 
     # ------------------------------------------------------------------ the half-step
-    def half_step(self, side: str, fixed: Factor, it: int) -> Factor:
-        """Solve every row of one factor from the other (see module doc); waits for the result."""
+    def half_step(
+        self, side: str, fixed: Factor, it: int, progress: Progress | None = None
+    ) -> Factor:
+        """Solve every row of one factor from the other (see module doc); waits for the result.
+
+        `progress(stage, done, total)` is called as the batches (or slices) finish.
+        """
         h = self.plan.half(side)
         build = self._model_parallel if h.p == 1 else self._data_parallel
         pieces = build(h, fixed, it)
-        wait([fut for _, _, fut in pieces])
-        for _, _, fut in pieces:
+        stage = f"update {h.label}"
+        for done, fut in enumerate(as_completed([f for _, _, f in pieces]), 1):
             if fut.status == "error":
                 fut.result()  # raises the task's exception here, with its message
+            if progress is not None:
+                progress(stage, done, len(pieces))
         return Factor(h.n_rows, h.f, pieces)
 
     def _model_parallel(self, h: HalfPlan, fixed: Factor, it: int) -> list[Piece]:
