@@ -235,6 +235,16 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:  # Optional[X]: a nested error keeps its exact position
+            try:
+                return _coerce(options[0], value, source, key)
+            except ConfigError as exc:
+                if f"'{key}' must be" not in str(exc):
+                    raise
+                raise ConfigError(
+                    f"{source}: '{key}' must be {_describe(tp)}, got {value!r}"
+                ) from None
         errors = []
         for arg in args:
             if arg is type(None):
@@ -280,7 +290,7 @@ def _describe(tp: Any) -> str:
     if origin in (Union, types.UnionType):
         return " or ".join(_describe(a) for a in get_args(tp))
     if origin is list:
-        return f"a list of {_describe(get_args(tp)[0])}"
+        return f"a list of {_plural(get_args(tp)[0])}"
     if origin is Literal:
         return "one of " + ", ".join(map(repr, get_args(tp)))
     if tp is type(None):
@@ -288,6 +298,14 @@ def _describe(tp: Any) -> str:
     return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(
         tp, getattr(tp, "__name__", str(tp))
     )
+
+
+def _plural(tp: Any) -> str:
+    if get_origin(tp) is list:
+        return f"lists of {_plural(get_args(tp)[0])}"
+    if get_origin(tp) in (Union, types.UnionType):
+        return " or ".join(_plural(a) for a in get_args(tp))
+    return {int: "integers", float: "numbers", str: "strings", bool: "booleans"}.get(tp, str(tp))
 
 
 def parse_size(text: str | int | float | None, total: int | None = None) -> int | None:
