@@ -1,6 +1,6 @@
 """Benchmark the synthetic generator: ratings per second and store build rate.
 
-    python benchmarks/bench_generate.py            # Netflix shape at scale 0.25, 2 workers
+    python benchmarks/bench_generate.py            # Netflix shape at scale 0.4, 2 workers
     python benchmarks/bench_generate.py --m 10000000 --n 1000000 --nnz 50000000
     python benchmarks/bench_generate.py --gpu      # values on the GPU (needs cupy)
 
@@ -63,7 +63,7 @@ def run_once(url: str, gen: GenerateConfig, client, gpu: bool) -> dict[str, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="netflix")
-    parser.add_argument("--scale", type=float, default=0.25)
+    parser.add_argument("--scale", type=float, default=0.4)
     parser.add_argument("--m", type=int)
     parser.add_argument("--n", type=int)
     parser.add_argument("--nnz", type=int)

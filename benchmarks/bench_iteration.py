@@ -46,7 +46,7 @@ def get_store(args: argparse.Namespace) -> RatingsStore:
         scale=args.scale,
         m=args.m,
         n=args.n,
-        nnz=args.nnz,
+        nnz=round(args.nnz / 0.9) if args.nnz else None,  # train ratings + 10% held out
         rank=10,
         noise=0.5,
         rating_min=1,
@@ -68,9 +68,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset")
     parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument("--m", type=int, default=100_000)
-    parser.add_argument("--n", type=int, default=20_000)
-    parser.add_argument("--nnz", type=int, default=5_000_000)
+    parser.add_argument("--m", type=int, help="default (no preset): issue 3's 100,000")
+    parser.add_argument("--n", type=int, help="default (no preset): 20,000")
+    parser.add_argument("--nnz", type=int, help="train ratings; default (no preset): 5,000,000")
     parser.add_argument("--factors", type=int, default=50)
     parser.add_argument("--lam", type=float, default=0.05)
     parser.add_argument("--iterations", type=int, default=5)
@@ -83,6 +83,9 @@ def main() -> None:
     parser.add_argument("--data", default="/tmp/cumf-bench")
     parser.add_argument("--json", help="append the result record to this JSON-lines file")
     args = parser.parse_args()
+    if args.preset is None:
+        args.m, args.n = args.m or 100_000, args.n or 20_000
+        args.nnz = args.nnz or 5_000_000
 
     store = get_store(args)
     cluster = ClusterConfig(

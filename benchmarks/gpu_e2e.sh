@@ -15,7 +15,7 @@ run --preset netflix --factors 100 --lam 0.05 --iterations 6
 if [ "${1:-netflix}" = all ]; then
   run --preset yahoomusic --factors 100 --lam 1.4 --iterations 4
   python3 benchmarks/bench_generate.py --preset netflix --scale 1 --workers 0 --repeats 2 --gpu \
-    --dir /tmp/cumf-gen 2>&1 | tail -8 | tee "$OUT/generate.log"
+    --dir /tmp 2>&1 | tail -8 | tee "$OUT/generate.log"
 fi
 echo "== summary"
 tail -1 "$OUT/gpu-tests.log"
