@@ -84,6 +84,7 @@ class ModelConfig:
     regularization: float = 0.05  # lambda (multiplied by each row's rating count)
     iterations: int = 10  # full iterations (update X, then Theta)
     seed: int = 0  # initial factors
+    precision: Literal["float32", "bfloat16"] = "float32"  # fixed-factor storage (bf16: half)
 
 
 @dataclass

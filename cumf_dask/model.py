@@ -12,7 +12,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from .backend import get_backend, resolve_backend_name
+from .backend import PRECISIONS, backend_spec, get_backend, resolve_backend_name
 from .checkpoint import MODEL_FORMAT, MODEL_VERSION, Checkpointer, read_factors, write_factors
 from .config import ClusterConfig, PlanConfig
 from .data.builder import build_store
@@ -41,6 +41,10 @@ class ALS:
         Seed of the initial Theta (the result does not depend on the plan or worker count).
     backend : {"auto", "numpy", "cupy"}
         "auto" uses the GPU when one is visible.
+    precision : {"float32", "bfloat16"}
+        Storage precision of the fixed factor the Hermitians are built from; "bfloat16"
+        halves its bytes (products and sums stay float32). Off by default; its measured
+        error and speed are in benchmarks/RESULTS.md.
     plan : PlanConfig, optional
         Force p, q, the memory budget, residency or the reduction.
     checkpoint_dir : str, optional
@@ -70,6 +74,7 @@ class ALS:
         seed: int = 0,
         *,
         backend: str = "auto",
+        precision: str = "float32",
         plan: PlanConfig | None = None,
         checkpoint_dir: str | None = None,
         evaluate: bool = True,
@@ -81,6 +86,7 @@ class ALS:
         self.iterations = iterations
         self.seed = seed
         self.backend = backend
+        self.precision = precision
         self.plan = plan
         self.checkpoint_dir = checkpoint_dir
         self.evaluate = evaluate
@@ -124,6 +130,10 @@ class ALS:
             raise ConfigError(f"factors must be a positive integer, got {self.factors!r}")
         if not self.regularization >= 0:
             raise ConfigError(f"regularization must be >= 0, got {self.regularization!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
         if not isinstance(self.iterations, int) or self.iterations < 0:
             raise ConfigError(f"iterations must be a non-negative integer, got {self.iterations!r}")
 
@@ -144,10 +154,15 @@ class ALS:
     def _fit(self, store: RatingsStore, client: Any, backend: str, resume: bool) -> None:
         workers = worker_addresses(client)
         self.plan_: Plan = plan_on(
-            client, (store.m, store.n, store.nnz), self.factors, self.plan, backend,
+            client,
+            (store.m, store.n, store.nnz),
+            self.factors,
+            self.plan,
+            backend,
             (store.counts("row"), store.counts("col")),
         )
-        engine = SUALSEngine(client, store, self.plan_, self.regularization, backend, workers)
+        spec = backend_spec(backend, self.precision)
+        engine = SUALSEngine(client, store, self.plan_, self.regularization, spec, workers)
         self._engine, self._store, self._backend = engine, store, backend
         self.shape_ = (store.m, store.n)
         self.metrics_: list[dict[str, Any]] = []

@@ -146,7 +146,8 @@ def train(
 
     model = ALS(
         config.model.factors, config.model.regularization, iterations,
-        config.model.seed, backend=config.cluster.backend, plan=config.plan,
+        config.model.seed, backend=config.cluster.backend,
+        precision=config.model.precision, plan=config.plan,
         checkpoint_dir=str(run.checkpoints) if config.output.checkpoint else None,
         callbacks=[record], progress=progress,
     )  # fmt: skip

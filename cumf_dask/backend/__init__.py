@@ -7,7 +7,9 @@ from functools import cache
 from ..compat import has_cuda
 from .base import Backend
 
-__all__ = ["Backend", "get_backend", "resolve_backend_name"]
+__all__ = ["PRECISIONS", "Backend", "backend_spec", "get_backend", "resolve_backend_name"]
+
+PRECISIONS = ("float32", "bfloat16")
 
 
 def resolve_backend_name(name: str = "auto") -> str:
@@ -19,14 +21,24 @@ def resolve_backend_name(name: str = "auto") -> str:
     return name
 
 
+def backend_spec(name: str, precision: str = "float32") -> str:
+    """The string tasks carry to name a backend: 'cupy', or 'cupy+bfloat16' for a precision."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    name = resolve_backend_name(name)
+    return name if precision == "float32" else f"{name}+{precision}"
+
+
 @cache
-def get_backend(name: str = "auto") -> Backend:
-    """The backend object for a name (one per process)."""
+def get_backend(spec: str = "auto") -> Backend:
+    """The backend object for a spec ('numpy', 'cupy+bfloat16', ...), one per process."""
+    name, _, precision = spec.partition("+")
     resolved = resolve_backend_name(name)
+    precision = precision or "float32"
     if resolved == "cupy":
         from .cupy_backend import CupyBackend
 
-        return CupyBackend()
+        return CupyBackend(precision=precision)
     from .numpy_backend import NumpyBackend
 
-    return NumpyBackend()
+    return NumpyBackend(precision=precision)

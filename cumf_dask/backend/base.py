@@ -13,6 +13,9 @@ Shapes, for a block of ``r`` rows and a fixed factor of ``c`` rows and ``f`` col
   weighted-lambda regularization added once, after any reduction. Rows with
   ``counts[u] == 0`` get a zero factor (never NaN).
 * ``pack``/``unpack``: the lower triangle as ``(r, f(f+1)/2)``: what moves between workers.
+* ``prepare_fixed(fixed)``: the fixed factor as the kernels read it. With ``precision =
+  "bfloat16"`` its values are rounded to bfloat16 (the factors are stored at half the
+  bytes; products and sums stay float32); the default "float32" leaves it as it is.
 """
 
 from __future__ import annotations
@@ -31,6 +34,17 @@ class Backend(ABC):
 
     name: str = "abstract"
     xp: Any = np
+
+    def __init__(self, precision: str = "float32"):
+        if precision not in ("float32", "bfloat16"):
+            raise ValueError(f"unknown precision {precision!r}; use 'float32' or 'bfloat16'")
+        self.precision = precision
+
+    def prepare_fixed(self, fixed: Any) -> Any:
+        """The fixed factor at this backend's storage precision (see module doc)."""
+        if self.precision == "float32":
+            return fixed
+        return round_bfloat16(self.xp, fixed)
 
     # ------------------------------------------------------------------ movement
     def asarray(self, x: Any, dtype: Any = None) -> Any:
@@ -116,3 +130,10 @@ class Backend(ABC):
         top = xp.take_along_axis(scores, part, axis=1)
         order = xp.argsort(-top, axis=1)
         return xp.take_along_axis(part, order, axis=1), xp.take_along_axis(top, order, axis=1)
+
+
+def round_bfloat16(xp: Any, x: Any) -> Any:
+    """float32 values rounded to the nearest bfloat16 (ties to even), still as float32."""
+    bits = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
+    rounded = (bits + xp.uint32(0x7FFF) + ((bits >> 16) & xp.uint32(1))) & xp.uint32(0xFFFF0000)
+    return rounded.view(xp.float32)

@@ -128,7 +128,13 @@ class CupyBackend(Backend):
     name = "cupy"
     xp = cp
 
-    def __init__(self, long_row: int = LONG_ROW, threads_per_sm: int = THREADS_PER_SM):
+    def __init__(
+        self,
+        long_row: int = LONG_ROW,
+        threads_per_sm: int = THREADS_PER_SM,
+        precision: str = "float32",
+    ):
+        super().__init__(precision)
         if long_row < 1:
             raise ValueError(f"long_row must be at least 1, got {long_row}")
         self.long_row = int(long_row)

@@ -173,7 +173,7 @@ class SUALSEngine:
             lo, hi = bounds[k], bounds[k + 1]
             worker = self.workers[k % len(self.workers)]
             [fut] = self.client.scatter([array[lo:hi]], workers=[worker])
-            if self.backend != "numpy":
+            if not self.backend.startswith("numpy"):
                 fut = self.client.submit(
                     _to_backend,
                     fut,

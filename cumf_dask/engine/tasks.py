@@ -55,8 +55,9 @@ def assemble(lo: int, hi: int, backend: str, pieces: list[tuple[int, int, Any]])
 
 def update(block: Block, fixed: Any, counts: Any, lam: float, backend: str) -> Any:
     """p == 1: hermitian and solve of one batch, on the worker holding the whole fixed factor."""
+    be = get_backend(backend)
     with _device_memory_guard(block):
-        return get_backend(backend).update(block, fixed, counts, lam)
+        return be.update(block, be.prepare_fixed(fixed), counts, lam)
 
 
 def hermitian_slices(
@@ -65,7 +66,7 @@ def hermitian_slices(
     """p > 1: partial (packed A, B) of one block, cut into the reduce-scatter slices."""
     be = get_backend(backend)
     with _device_memory_guard(block):
-        A, B = be.hermitian(block, fixed)
+        A, B = be.hermitian(block, be.prepare_fixed(fixed))
         packed = be.pack(A)
     return [(packed[a:b], B[a:b]) for a, b in slices]
 
