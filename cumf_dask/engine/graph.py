@@ -133,18 +133,24 @@ class SUALSEngine:
         key = (h.side, lo, hi, worker)
         if key not in fixed.placed:
             name = "Theta" if h.side == "x" else "X"
-            fixed.placed[key] = self.client.submit(
-                tasks.assemble,
-                lo,
-                hi,
-                self.backend,
-                fixed.pieces,
-                key=f"gather-{name}-part{part}-on-{self.workers.index(worker)}-it{it}-{fixed.version}",
-                workers=[worker],
-                allow_other_workers=False,
-                pure=False,
+            fixed.placed[key] = self.gather(
+                fixed, lo, hi, worker, f"gather-{name}-part{part}-it{it}"
             )
         return fixed.placed[key]
+
+    def gather(self, factor: Factor, lo: int, hi: int, worker: str, name: str) -> Future:
+        """Rows [lo, hi) of a factor assembled on `worker` from its pieces."""
+        return self.client.submit(
+            tasks.assemble,
+            lo,
+            hi,
+            self.backend,
+            factor.pieces,
+            key=f"{name}-on-{self.workers.index(worker)}-{factor.version}",
+            workers=[worker],
+            allow_other_workers=False,
+            pure=False,
+        )
 
     # ------------------------------------------------------------------ factors
     def initial(self, n_rows: int, f: int, seed: int, bounds: list[int]) -> Factor:
@@ -276,17 +282,7 @@ class SUALSEngine:
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             for i in range(h.p):
                 worker = self.worker_of(h, i, j)
-                x_rows = self.client.submit(
-                    tasks.assemble,
-                    lo,
-                    hi,
-                    self.backend,
-                    X.pieces,
-                    key=f"gather-X-batch{j}-on-{self.workers.index(worker)}-{kind}-{X.version}",
-                    workers=[worker],
-                    allow_other_workers=False,
-                    pure=False,
-                )
+                x_rows = self.gather(X, lo, hi, worker, f"gather-X-batch{j}-{kind}")
                 futures.append(
                     self._submit(
                         tasks.block_squared_error,
