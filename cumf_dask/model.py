@@ -18,7 +18,7 @@ from .config import ClusterConfig, PlanConfig
 from .data.builder import build_store
 from .data.store import RatingsStore
 from .engine import tasks
-from .engine.cluster import cluster_client, plan_on, worker_addresses
+from .engine.cluster import CumfWorkerSetup, cluster_client, plan_on, worker_addresses
 from .engine.graph import Factor, SUALSEngine, even_bounds
 from .errors import ConfigError, StoreError
 from .plan import Plan
@@ -152,6 +152,7 @@ class ALS:
         )
 
     def _fit(self, store: RatingsStore, client: Any, backend: str, resume: bool) -> None:
+        client.register_plugin(CumfWorkerSetup())  # BLAS threads, kernel cache (idempotent)
         workers = worker_addresses(client)
         self.plan_: Plan = plan_on(
             client,

@@ -10,8 +10,8 @@ Everything is a pure function of the generator settings, computed by counter-bas
 * Row degrees: row i has popularity rank ``pi(i)`` (a keyed pseudo-random permutation); the
   degree of rank r follows the continuous Zipf mass of ``(x + 1)^-skew`` over [r, r + 1),
   capped at n (the heaviest rows become full rows) and telescoped (degree = D(r+1) - D(r)
-  with D a rounded cumulative), so the degrees sum to `nnz` exactly, and any task computes
-  any row's degree alone.
+  with D a rounded cumulative), so the degrees sum to `nnz` exactly (given the same
+  floating point on every worker), and any task computes any row's degree alone.
 * Columns of a row: draws j = 0, 1, 2... of row i pick a popularity rank from the same Zipf
   law and map it to a column with another keyed permutation (popular columns spread out);
   the row keeps its first `degree` distinct draws. Rows too dense for that (or where draws
@@ -412,7 +412,7 @@ class PlantedModel:
         forced_keys = np.sort(coder.encode(local, self._forced_perm(k % self.n)))
 
         cap = self.n - f
-        dense = need >= _DENSE_SHARE * cap
+        dense = (need > 0) & (need >= _DENSE_SHARE * cap)
         pieces = [forced_keys]
         sparse_keys, switch = self._draw_sparse(rows, need * ~dense, cap, forced_keys, coder)
         pieces.append(sparse_keys)
@@ -456,19 +456,19 @@ class PlantedModel:
             j = np.arange(local.size) - np.repeat(np.cumsum(k) - k, k) + drawn[local]
             u = _unit(np, _hash(np, _hash(np, key, rows[local]), j))
             rank = np.minimum(_zipf_cdf_inv(u * phi_n, self.skew), self.n - 1).astype(np.int64)
-            cand = np.unique(coder.encode(local, self._col_perm(rank)))
+            cand = _sorted_unique(coder.encode(local, self._col_perm(rank)))
             new = cand[~_sorted_isin(pool, cand)]
             accepted.append(new)
-            got = np.bincount(coder.decode(new)[0], minlength=rows.size)[active]
+            got = np.bincount(coder.local(new), minlength=rows.size)[active]
             need[active] -= got
             drawn[active] += k
             left = need[active]
             # expected draws to finish vs the race's cost (one key per free column)
-            slow = (left > 0) & (left * k > got * cap[active])
+            slow = (left > 0) & (left * (k + 1) > (got + 1) * cap[active])
             switch[active[slow]] = left[slow]
             need[active[slow]] = 0
             pool = np.sort(np.concatenate([pool, new]))
-            pool = pool[need[coder.decode(pool)[0]] > 0]
+            pool = pool[need[coder.local(pool)] > 0]
         return np.sort(np.concatenate(accepted)) if accepted else np.zeros(0, np.int64), switch
 
     def _draw_race(
@@ -484,19 +484,28 @@ class PlantedModel:
         key = _key(self.seed, _RACE)
         ranks = np.arange(self.n, dtype=np.float64)
         weight = _zipf_cdf(ranks + 1, self.skew) - _zipf_cdf(ranks, self.skew)
-        taken_local, taken_col = coder.decode(taken)
+        racing = np.zeros(rows.size, bool)
+        racing[which] = True
+        taken_local, taken_col = coder.decode(taken[racing[coder.local(taken)]])
+        order = np.argsort(taken_local, kind="stable")
+        taken_local, taken_col = taken_local[order], taken_col[order]
         out = []
         per_batch = max(1, _RACE_CELLS // self.n)
         for b0 in range(0, which.size, per_batch):
             batch = which[b0 : b0 + per_batch]
             z = _hash(np, _hash(np, np.uint64(key), rows[batch])[:, None], np.arange(self.n))
             race = -np.log(_unit(np, z)) / weight
-            hit = np.isin(taken_local, batch)
-            slot = np.searchsorted(batch, taken_local[hit])
-            race[slot, self._col_perm.inverse(taken_col[hit])] = np.inf
+            lo = np.searchsorted(taken_local, batch[0])
+            hi = np.searchsorted(taken_local, batch[-1], side="right")
+            slot = np.searchsorted(batch, taken_local[lo:hi])
+            race[slot, self._col_perm.inverse(taken_col[lo:hi])] = np.inf
             want = need[b0 : b0 + per_batch]
-            order = np.argsort(race, axis=1)
-            pick = np.arange(self.n)[None, :] < want[:, None]
+            top = int(want.max())
+            order = np.argpartition(race, top - 1, axis=1)[:, :top]
+            order = np.take_along_axis(
+                order, np.argsort(np.take_along_axis(race, order, 1), axis=1), 1
+            )
+            pick = np.arange(top)[None, :] < want[:, None]
             local = np.broadcast_to(batch[:, None], order.shape)[pick]
             out.append(coder.encode(local, self._col_perm(order[pick])))
         return np.concatenate(out)
@@ -612,7 +621,7 @@ def generate(
         n_test = sum(r[1]["nnz"] for r in rows) if test_fraction > 0 else 0
         source = {
             "kind": "synthetic",
-            "preset": gen.preset,
+            "preset": gen.preset.lower() if gen.preset else None,
             "scale": gen.scale,
             **{f.name: getattr(model, f.name) for f in fields(model)},
             "mean": model.mean,
@@ -667,8 +676,8 @@ def _run(
 ) -> list[Any]:
     """fn(*args) for every args in `tasks`, in parallel; results in task order.
 
-    On an error the tasks not started are cancelled, and (threads) the running ones are
-    waited for, so nothing writes to the store after this returns or raises.
+    On an error the tasks not started are cancelled; running threads are waited for (a
+    distributed worker's running task cannot be stopped and finishes on its own).
     """
     results: list[Any] = [None] * len(tasks)
 
@@ -710,6 +719,12 @@ def _theta_table(model: PlantedModel, use_gpu: bool) -> Any:
     return model.theta(xp.arange(model.n), xp)
 
 
+def _sorted_unique(x: np.ndarray) -> np.ndarray:
+    """The distinct values of `x`, sorted."""
+    x = np.sort(x)
+    return x[np.concatenate(([True], x[1:] != x[:-1]))] if x.size else x
+
+
 def _sorted_isin(ref: np.ndarray, x: np.ndarray) -> np.ndarray:
     """np.isin(x, ref) for a sorted `ref`."""
     if not ref.size:
@@ -730,8 +745,9 @@ class _KeyCoder:
         tile, within = np.divmod(col, self.tile_cols)
         return (((tile << self.row_bits) | local) << self.col_bits) | within
 
+    def local(self, keys: np.ndarray) -> np.ndarray:
+        return (keys >> self.col_bits) & ((1 << self.row_bits) - 1)
+
     def decode(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         within = keys & ((1 << self.col_bits) - 1)
-        rest = keys >> self.col_bits
-        local = rest & ((1 << self.row_bits) - 1)
-        return local, (rest >> self.row_bits) * self.tile_cols + within
+        return self.local(keys), (keys >> (self.col_bits + self.row_bits)) * self.tile_cols + within

@@ -20,6 +20,17 @@ from ..config import ClusterConfig, PlanConfig, parse_size
 from ..errors import ConfigError
 from ..plan import Plan, make_plan
 
+# Local workers get one thread more than cluster.threads_per_worker and this many units of
+# the COMPUTE resource: compute tasks take a unit, loads do not, so a worker reads its next
+# block while it computes on this one (never two computations at once).
+COMPUTE = "cumf-compute"
+
+
+def has_compute_slots(client: Client) -> bool:
+    """Whether every worker declares the COMPUTE resource (local clusters made here do)."""
+    info = client.scheduler_info(n_workers=-1)["workers"].values()
+    return bool(info) and all(COMPUTE in (w.get("resources") or {}) for w in info)
+
 
 class CumfWorkerSetup(WorkerPlugin):
     """Pin BLAS threads and give each worker its own CuPy kernel cache directory.
@@ -69,7 +80,8 @@ def make_client(config: ClusterConfig | None = None) -> Client:
             kwargs["memory_limit"] = parse_size(config.memory_limit)
         cluster = LocalCluster(
             n_workers=n_workers,
-            threads_per_worker=config.threads_per_worker,
+            threads_per_worker=config.threads_per_worker + 1,
+            resources={COMPUTE: config.threads_per_worker},
             dashboard_address=_dashboard(config),
             **kwargs,
         )
@@ -103,7 +115,10 @@ def _cuda_cluster(config: ClusterConfig) -> Any:
         )
     from dask_cuda import LocalCUDACluster
 
-    kwargs: dict[str, Any] = {"threads_per_worker": config.threads_per_worker}
+    kwargs: dict[str, Any] = {
+        "threads_per_worker": config.threads_per_worker + 1,
+        "resources": {COMPUTE: config.threads_per_worker},
+    }
     if config.devices is not None:
         available = cuda_device_count()
         bad = [d for d in config.devices if d < 0 or d >= max(available, 1)]

@@ -30,6 +30,7 @@ from distributed import Client, Future, as_completed
 from ..data.store import RatingsStore
 from ..plan import HalfPlan, Plan
 from . import tasks
+from .cluster import COMPUTE, has_compute_slots
 from .reduce import reduce_slices
 
 Piece = tuple[int, int, Future]
@@ -74,10 +75,14 @@ class SUALSEngine:
         self.backend = backend
         self.workers = workers
         self.run = uuid.uuid4().hex[:8]
+        self.compute_slots = has_compute_slots(client)
         self._cache: dict[Any, Future] = {}
 
     # ------------------------------------------------------------------ helpers
-    def _submit(self, func, *args, key: str, worker: str, cache: Any = None) -> Future:
+    def _submit(
+        self, func, *args, key: str, worker: str, cache: Any = None, compute: bool = True
+    ) -> Future:
+        """Submit a task pinned to `worker`; `compute` tasks take a compute slot there."""
         if cache is not None and cache in self._cache:
             return self._cache[cache]
         fut = self.client.submit(
@@ -87,6 +92,7 @@ class SUALSEngine:
             workers=[worker],
             allow_other_workers=False,
             pure=False,
+            resources={COMPUTE: 1} if compute and self.compute_slots else None,
         )
         if cache is not None:
             self._cache[cache] = fut
@@ -112,6 +118,7 @@ class SUALSEngine:
             self.backend,
             key=tag if resident else f"{tag}-it{it}",
             worker=self.worker_of(h, part, batch),
+            compute=False,
             cache=(kind, h.side, part, batch) if resident else None,
         )
 
@@ -124,6 +131,7 @@ class SUALSEngine:
             self.backend,
             key=f"counts-{h.label}-rows{lo}-{hi}-on-{self.workers.index(worker)}",
             worker=worker,
+            compute=False,
             cache=("counts", h.side, lo, hi, worker),
         )
 
@@ -255,6 +263,7 @@ class SUALSEngine:
                             k,
                             key=f"slice-{h.label}-batch{j}-part{i}-slice{k}-it{it}",
                             worker=worker,
+                            compute=False,
                         )
                     )
             for k, (a, b) in enumerate(slices):
