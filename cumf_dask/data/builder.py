@@ -26,7 +26,16 @@ import numpy as np
 import zarr
 
 from ..errors import IngestError, StoreError
-from .store import _GROUPS, CHUNK, FORMAT, VERSION, RatingsStore, default_tile, index_dtype
+from .store import (
+    _GROUPS,
+    CHUNK,
+    FORMAT,
+    TILE_CHUNK,
+    VERSION,
+    RatingsStore,
+    default_tile,
+    index_dtype,
+)
 
 BandKind = Literal["row", "col", "test"]
 DuplicatePolicy = Literal["error", "last", "mean"]
@@ -120,12 +129,13 @@ def write_band(
     np.cumsum(np.bincount(minor_tile, minlength=n_tiles), out=ptr[1:])
     sub = group.require_group(f"{_GROUPS[kind]}/{band}")
     size = int(val.size)
-    chunk = (max(1, min(CHUNK, size)),)
-    sub.create_array("major", shape=(size,), chunks=chunk, dtype="int32", overwrite=True)
-    sub.create_array(
-        "minor", shape=(size,), chunks=chunk, dtype=index_dtype(n_minor), overwrite=True
-    )
-    sub.create_array("val", shape=(size,), chunks=chunk, dtype="float32", overwrite=True)
+    # One shard (one file) per band array, in small inner chunks: a tile read decodes
+    # little more than the tile, and the band is still written whole by this one call.
+    chunk = max(1, min(TILE_CHUNK, size))
+    layout = {"shape": (size,), "chunks": (chunk,), "shards": (-(-size // chunk) * chunk,)}
+    sub.create_array("major", dtype="int32", overwrite=True, **layout)
+    sub.create_array("minor", dtype=index_dtype(n_minor), overwrite=True, **layout)
+    sub.create_array("val", dtype="float32", overwrite=True, **layout)
     sub.create_array(
         "ptr", shape=(n_tiles + 1,), chunks=(n_tiles + 1,), dtype="int64", overwrite=True
     )
@@ -161,8 +171,10 @@ def transpose_band(url: str, band: int) -> dict[str, float]:
     row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
     col = np.concatenate(cols) if cols else np.zeros(0, np.int64)
     val = np.concatenate(vals) if vals else np.zeros(0, np.float32)
-    # by_col band order: (row tile, col, row); the concatenation is already by row tile.
-    order = np.lexsort((row, col, row // t_rows))
+    # by_col band order: (row tile, col, row), sorted once on one combined int64 key
+    t_cols = store.tile_cols
+    key = ((row // t_rows) * t_cols + (col - band * t_cols)) * t_rows + row % t_rows
+    order = np.argsort(key)
     return write_band(url, "col", band, col[order], row[order], val[order], sorted_=True)
 
 

@@ -13,10 +13,12 @@ Layout (format ``cumf-dask-ratings``, version 1)::
       test/band_nnz, test/<a>/...      held-out ratings, banded like by_row
       ids/rows, ids/cols               the user's original ids, when they were not 0..m-1
 
-Why bands rather than DESIGN's flat arrays: every Zarr chunk of a band belongs to exactly one
-band, so one task per band writes it (no two tasks ever touch one chunk: the zarr v3 + dask
-data-loss pitfall cannot happen), bands are written in parallel by the generator and by the
-out-of-core builder, and a tile is still one contiguous slice (``ptr``). A block of any plan
+Each band array is one Zarr shard (one file) of 65,536-entry inner chunks, so reading a tile
+decodes little more than the tile. Why bands rather than DESIGN's flat arrays: every Zarr
+chunk and shard belongs to exactly one band, so one task per band writes it (no two tasks
+ever touch one chunk: the zarr v3 + dask data-loss pitfall cannot happen), bands are written
+in parallel by the generator and by the out-of-core builder, and a tile is still one
+contiguous slice (``ptr``). A block of any plan
 is the union of the tiles it overlaps, filtered to its exact row and column range.
 
 A store is marked ``complete`` only by its last write: an interrupted build never opens.
@@ -38,7 +40,8 @@ from ..errors import StoreError
 
 FORMAT = "cumf-dask-ratings"
 VERSION = 1
-CHUNK = 1 << 22  # entries per zarr chunk: 16 MB of int32/float32
+CHUNK = 1 << 22  # entries per zarr chunk of the id maps: 16 MB of int32/float32
+TILE_CHUNK = 1 << 16  # entries per inner chunk of a band's (sharded) arrays
 Orientation = Literal["row", "col"]
 _GROUPS = {"row": "by_row", "col": "by_col", "test": "test"}
 
