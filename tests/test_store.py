@@ -206,3 +206,15 @@ def test_store_pickles_small(tmp_path, ratings):
     clone = pickle.loads(pickle.dumps(store))
     assert len(pickle.dumps(store)) < 4000
     assert clone.read_coo("row")[2].sum() == pytest.approx(vals.sum(), rel=1e-6)
+
+
+@pytest.mark.parametrize("scheme", ["file", "memory"])
+def test_fsspec_urls(tmp_path, ratings, scheme):
+    rows, cols, vals = ratings
+    url = f"file://{tmp_path}/s.zarr" if scheme == "file" else f"memory://{tmp_path.name}/s.zarr"
+    build_store(url, rows, cols, vals, shape=(M, N), test_fraction=0.2)
+    store = RatingsStore.open(url)
+    r, c, v = store.read_coo("row")
+    rt, ct, vt = store.read_coo("test")
+    got = dense(np.r_[r, rt], np.r_[c, ct], np.r_[v, vt], (M, N))
+    np.testing.assert_array_equal(got, dense(rows, cols, vals, (M, N)))

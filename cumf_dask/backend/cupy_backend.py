@@ -1,10 +1,11 @@
 """CuPy backend: MO-ALS (cuMF section 3) as CUDA kernels on one GPU.
 
 The kernels live in ``kernels/mo_als.cu`` and are compiled lazily with ``cupy.RawModule``,
-one module per padded size ``F = round_up(f + 1, 8)`` and device, cached for the process
-(and on disk by CuPy). Every rating extends its fixed-factor row with the rating itself,
-so one register-tiled Gram build gives A (leading f x f block) and B (row f), and the
-Cholesky factor of that extended matrix carries the forward solve (see the .cu header).
+one module per padded size ``F = round_up(f + 1, 8)``, device and element type of the fixed
+factor, cached for the process (and on disk by CuPy). Every rating extends its fixed-factor
+row with the rating itself, so one register-tiled Gram build gives A (leading f x f block)
+and B (row f), and the Cholesky factor of that extended matrix carries the forward solve
+(see the .cu header).
 
 * ``hermitian``: one thread block per row segment; each thread owns one 8 x 8 tile of
   the lower triangle in registers; fixed-factor rows staged through shared memory in
@@ -19,6 +20,11 @@ Cholesky factor of that extended matrix carries the forward solve (see the .cu h
 * ``update`` (the p == 1 hot path): one fused kernel per row, Gram -> lambda -> Cholesky
   -> both triangular solves -> x_u, so A never touches device memory. Long rows (and all
   rows for f > 256) go through ``hermitian`` + ``solve`` in row batches.
+* ``precision="bfloat16"``: ``prepare_fixed`` stores the fixed factor as bfloat16 bits
+  (uint16, rows padded to 16 bytes, ``bfloat16_rows``) and ``hermitian``/``update`` gather
+  those (half the bytes per row), widening to float32 in shared memory: products and sums
+  stay float32. Both accept float32 (or float64) factors too: the kernels are instantiated
+  per element type of the factor they are given.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import numpy as np
 from ..compat import import_cupy
 from ..data.store import Block
 from ..errors import DeviceMemoryError
-from .base import Backend
+from .base import Backend, round_bfloat16
 
 cp = import_cupy()
 
@@ -46,6 +52,7 @@ BATCH_BYTES = 1 << 30  # A of a row batch when rows go through hermitian + solve
 THREADS_PER_SM = 480  # kernels' register cap: this many resident threads per SM
 LONG_ROW = 4096  # rows with more ratings are split over several blocks (hermitian + solve)
 _SOURCE = Path(__file__).parent / "kernels" / "mo_als.cu"
+_ELEMENT = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}  # kernels' T by dtype
 
 
 def padded_size(f: int) -> int:
@@ -71,16 +78,19 @@ def systems_per_block(padded: int) -> int:
 
 
 @cache
-def kernels(padded: int, device: int, threads_per_sm: int = THREADS_PER_SM) -> dict[str, Any]:
+def kernels(
+    padded: int, device: int, threads_per_sm: int = THREADS_PER_SM, element: str = "float"
+) -> dict[str, Any]:
     """The compiled kernels for a padded size F on a device (compiled once per process).
 
     The kernels' register cap asks for ``threads_per_sm`` resident threads per SM.
+    ``element``: the fixed factor's element type in the Gram kernels, "float" or "bf16".
     """
     threads, _ = launch_shape(padded)
     min_blocks = max(1, threads_per_sm // threads)
-    names = {"hermitian": f"hermitian_kernel<{padded}, {threads}, {min_blocks}>"}
+    names = {"hermitian": f"hermitian_kernel<{padded}, {threads}, {min_blocks}, {element}>"}
     if padded <= padded_size(MAX_FUSED_F):
-        names["update"] = f"update_kernel<{padded}, {threads}, {min_blocks}>"
+        names["update"] = f"update_kernel<{padded}, {threads}, {min_blocks}, {element}>"
         names["solve"] = f"solve_kernel<{padded}, {threads}, {min_blocks}>"
     module = cp.RawModule(
         code=_SOURCE.read_text(), options=("-std=c++17",), name_expressions=list(names.values())
@@ -98,6 +108,25 @@ def _device_memory(what: str) -> Iterator[None]:
             f"the GPU ran out of memory while {what} ({exc}); plan smaller batches "
             "(more row batches q, or a smaller block) so that a block fits the GPU"
         ) from None
+
+
+def bfloat16_rows(fixed: Any) -> Any:
+    """fixed as the bfloat16 kernels gather it: bfloat16 bits in uint16, shape (n, f), each
+    row starting on 16 bytes (a view of an (n, round_up(f, 8)) array).
+
+    float inputs are rounded to the nearest bfloat16 (as ``round_bfloat16``); uint16 inputs
+    are taken as bfloat16 bits, copied only when their rows are not laid out so.
+    """
+    fixed = cp.asarray(fixed)
+    n, f = fixed.shape
+    stride = -(-f // 8) * 8
+    if fixed.dtype == cp.uint16 and fixed.strides == (2 * stride, 2) and fixed.data.ptr % 16 == 0:
+        return fixed
+    if fixed.dtype != cp.uint16:
+        fixed = (round_bfloat16(cp, fixed).view(cp.uint32) >> 16).astype(cp.uint16)
+    rows = cp.zeros((n, stride), cp.uint16)
+    rows[:, :f] = fixed
+    return rows[:, :f]
 
 
 def _segments(indptr: Any, rows: Any, split: int) -> tuple[Any, Any, Any]:
@@ -143,11 +172,15 @@ class CupyBackend(Backend):
     def to_host(self, x: Any) -> np.ndarray:
         return cp.asnumpy(x)
 
+    def prepare_fixed(self, fixed: Any) -> Any:
+        """float32: as given; bfloat16: stored as bfloat16 bits (``bfloat16_rows``)."""
+        return fixed if self.precision == "float32" else bfloat16_rows(fixed)
+
     # ------------------------------------------------------------------ helpers
-    def _kernels(self, f: int) -> dict[str, Any]:
+    def _kernels(self, f: int, element: str = "float") -> dict[str, Any]:
         if f > MAX_F:
             raise ValueError(f"the GPU backend supports f up to {MAX_F} factors, got {f}")
-        return kernels(padded_size(f), cp.cuda.Device().id, self.threads_per_sm)
+        return kernels(padded_size(f), cp.cuda.Device().id, self.threads_per_sm, element)
 
     def _csr(self, block: Block) -> tuple[Any, Any, Any]:
         return (
@@ -162,8 +195,15 @@ class CupyBackend(Backend):
 
     @staticmethod
     def _factor(fixed: Any) -> tuple[Any, np.int32]:
-        """Contiguous float32 factor and whether its rows allow 16-byte loads."""
-        fixed = cp.ascontiguousarray(cp.asarray(fixed), dtype=cp.float32)
+        """The factor as the Gram kernels read it (uint16 = bfloat16 bits as laid out by
+        ``bfloat16_rows``, any other dtype as contiguous float32) and the kernels' vec flag:
+        f % 4 == 0 on 16-byte aligned data (16-byte float32 row loads, 16-byte stores of A).
+        """
+        fixed = cp.asarray(fixed)
+        if fixed.dtype == cp.uint16:
+            fixed = bfloat16_rows(fixed)
+        else:
+            fixed = cp.ascontiguousarray(fixed, dtype=cp.float32)
         vec = fixed.shape[1] % 4 == 0 and fixed.data.ptr % 16 == 0
         return fixed, np.int32(vec)
 
@@ -174,7 +214,7 @@ class CupyBackend(Backend):
         owner, lo, hi = _segments(indptr, rows, self.long_row)
         threads, groups = launch_shape(padded_size(f))
         atomic = np.int32(owner.size > rows.size)
-        self._kernels(f)["hermitian"](
+        self._kernels(f, _ELEMENT[fixed.dtype])["hermitian"](
             (owner.size, groups),
             (threads,),
             (indices, values, fixed, np.int32(f), vec, out[owner], lo, hi, atomic, A, B),
@@ -243,7 +283,7 @@ class CupyBackend(Backend):
                     # Longest rows first: they start early instead of forming the tail.
                     short = short[cp.argsort(-degree[short])].astype(cp.int32)
                     threads, _ = launch_shape(padded_size(f))
-                    self._kernels(f)["update"](
+                    self._kernels(f, _ELEMENT[fixed.dtype])["update"](
                         (short.size,),
                         (threads,),
                         (*csr, fixed, np.int32(f), vec, counts, np.float32(lam), short, X),

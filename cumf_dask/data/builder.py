@@ -35,6 +35,7 @@ from .store import (
     RatingsStore,
     default_tile,
     index_dtype,
+    normalize_url,
 )
 
 BandKind = Literal["row", "col", "test"]
@@ -68,6 +69,7 @@ def init_store(
     url: str, m: int, n: int, tile_rows: int, tile_cols: int, overwrite: bool = False
 ) -> None:
     """Create an empty store marked incomplete, with its count arrays chunked by tile."""
+    url = normalize_url(url)
     path = Path(url)
     if "://" not in url and path.exists():
         if not overwrite:
@@ -114,6 +116,7 @@ def write_band(
     Sorts by (minor tile, major, minor) unless `sorted_`. Also writes this band's slice of
     row_nnz (kind "row") or col_nnz (kind "col"): the slice is exactly one chunk of that array.
     """
+    url = normalize_url(url)
     group = zarr.open_group(url, mode="r+")
     attrs = dict(group.attrs)
     t_major, t_minor, n_major, n_minor = _geometry(attrs, kind)
@@ -160,6 +163,7 @@ def write_band(
 
 def transpose_band(url: str, band: int) -> dict[str, float]:
     """Build column band `band` from the row bands: tile (a, band) of every row band a."""
+    url = normalize_url(url)
     store = RatingsStore(url, dict(zarr.open_group(url, mode="r").attrs))
     t_rows = store.tile_rows
     rows, cols, vals = [], [], []
@@ -188,6 +192,7 @@ def finish_store(
     col_ids: np.ndarray | None = None,
 ) -> RatingsStore:
     """Write band totals, stats, id maps and attrs, then mark the store complete (last write)."""
+    url = normalize_url(url)
     group = zarr.open_group(url, mode="r+")
     attrs = dict(group.attrs)
     nnz = 0
@@ -322,9 +327,10 @@ class StoreBuilder:
             raise IngestError(f"test_fraction must be in [0, 1), got {test_fraction}")
         if duplicates not in ("error", "last", "mean"):
             raise IngestError(f"duplicates must be 'error', 'last' or 'mean', got {duplicates!r}")
+        url = normalize_url(url)
         if "://" not in url and Path(url).exists() and not overwrite:
             raise StoreError(f"{url}: already exists; pass overwrite=True (--overwrite) to replace")
-        self.url = str(url)
+        self.url = url
         self.m, self.n = m, n
         if tile_rows is None:
             tile_rows = default_tile(m, n, expected_nnz) if m and n and expected_nnz else 65536

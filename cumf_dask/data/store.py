@@ -72,6 +72,12 @@ class Block:
         return int(self.indptr.nbytes + self.indices.nbytes + self.values.nbytes)
 
 
+def normalize_url(url: Any) -> str:
+    """A store location as a string: ``file://`` URLs become plain local paths."""
+    url = str(url)
+    return url[len("file://") :] if url.startswith("file://") else url
+
+
 def default_tile(length: int, other: int, nnz: int, target: int = 4_000_000) -> int:
     """Rows per tile so that a band holds about `target` ratings (a power of two >= 256)."""
     if nnz <= 0 or length <= 0:
@@ -101,7 +107,7 @@ class RatingsStore:
     @classmethod
     def open(cls, url: str | Any) -> RatingsStore:
         """Open and validate a store; a missing, partial, damaged or foreign one is a StoreError."""
-        url = str(url)
+        url = normalize_url(url)
         try:
             group = zarr.open_group(url, mode="r")
         except (FileNotFoundError, zarr.errors.GroupNotFoundError):

@@ -50,7 +50,7 @@ from ..compat import has_cuda, import_cupy
 from ..config import GenerateConfig
 from ..errors import ConfigError
 from .builder import finish_store, init_store, split_mask, transpose_band, write_band
-from .store import RatingsStore, default_tile
+from .store import RatingsStore, default_tile, normalize_url
 
 Progress = Callable[[str, int, int], None]
 
@@ -608,7 +608,7 @@ def generate(
     m, n, nnz = model.m, model.n, model.nnz
     tile_rows = tile_rows or default_tile(m, n, nnz)
     tile_cols = tile_cols or default_tile(n, m, nnz)
-    url = str(url)
+    url = normalize_url(url)
     init_store(url, m, n, tile_rows, tile_cols, overwrite=overwrite)
     try:
         bands = [

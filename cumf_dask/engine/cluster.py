@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from distributed import Client, WorkerPlugin
@@ -19,6 +20,7 @@ from ..compat import cuda_device_count, has_module
 from ..config import ClusterConfig, PlanConfig, parse_size
 from ..errors import ConfigError
 from ..plan import Plan, make_plan
+from .reduce import nvml_groups
 
 # Local workers get one thread more than cluster.threads_per_worker and this many units of
 # the COMPUTE resource: compute tasks take a unit, loads do not, so a worker reads its next
@@ -176,13 +178,14 @@ def plan_on(
     `shape` is (m, n, nnz); `counts` the per-row and per-column rating counts when known.
     """
     config = config or PlanConfig()
+    workers = len(worker_addresses(client))
+    if config.reduction == "two-phase" and config.groups is None and backend == "cupy":
+        config = replace(config, groups=nvml_groups(workers))  # None: one flat group
     budget = worker_memory(client, backend)
     if config.memory_budget is not None:
         budget = parse_size(config.memory_budget, budget) or budget
     m, n, nnz = shape
-    return make_plan(
-        m, n, nnz, factors, len(worker_addresses(client)), budget, *counts, config, backend
-    )
+    return make_plan(m, n, nnz, factors, workers, budget, *counts, config, backend)
 
 
 def _gpu_total_memory() -> int:

@@ -11,7 +11,10 @@
 // indexed register arrays). The g_v rows are staged in shared memory in bins of BIN rows
 // (cuMF's "bin"), double-buffered with cp.async, 16-byte copies when f % 4 == 0. In a bin
 // row each 8-float tile chunk takes 12 floats (48 bytes): the 16-byte reads of a warp's
-// threads, which start at different chunks, then fall in different banks.
+// threads, which start at different chunks, then fall in different banks. The Gram kernels
+// take the fixed factor as float32 or bfloat16 (template T, see Bins): bfloat16 rows are
+// gathered at half the bytes and widened to float32 in shared memory, so every product and
+// sum stays float32.
 //
 // The Cholesky factor of the extended matrix [[A + reg I, B], [B^T, *]] carries
 // y = L^-1 B in its row f, so the tiled factorization also does the forward solve; a
@@ -25,6 +28,8 @@
 
 #define TILE 8
 #define CHUNK 12  // floats per tile chunk in a bin row: 8 used, 4 against bank conflicts
+
+typedef unsigned short bf16;  // bfloat16 bits: the high half of a float32
 
 template <int F>
 struct Cfg {
@@ -87,75 +92,166 @@ __device__ __forceinline__ void tile_of(int t, int ntile, int& ib, int& jb) {
     ib = jb + t - i * (i + 1) / 2;
 }
 
-// Stage ratings [e0, e0 + nk) of a row as extended rows g_v at shared address dst
-// (columns <= f; the padding after column f is zeroed once per block). With vec, thread
-// t copies the 16-byte pieces c = t, t + NT, ... of the bin (row c / QUADS): a fixed,
-// unrolled pattern whose column indices are all loaded before the first copy is issued.
+// Bins of extended rows g_v for gram(), by the element type T of the fixed factor:
+//   init()                  once per block, before the first stage;
+//   stage(buf, e0, nk)      issue the cp.async copies of ratings [e0, e0 + nk) into buffer buf;
+//   ready(buf, nk)          after this thread's copies of buf completed: the float bin of
+//                           those ratings (BIN rows of ROW floats), valid after a barrier.
+template <int F, int NT, typename T>
+struct Bins;
+
+// float32 rows: two float bins filled directly by cp.async (double-buffered). With vec,
+// thread t copies the 16-byte pieces c = t, t + NT, ... of the bin (row c / QUADS): a
+// fixed, unrolled pattern whose column indices are all loaded before the first copy is
+// issued. The padding after the rating column is zeroed once (init) and never copied into.
 template <int F, int NT>
-__device__ __forceinline__ void load_bin(unsigned dst, const int* __restrict__ idx,
-                                         const float* __restrict__ val,
-                                         const float* __restrict__ fixed, int f, bool vec,
-                                         long long e0, int nk) {
-    constexpr int QUADS = Cfg<F>::QUADS, ROWB = Cfg<F>::ROW * 4;
-    if (vec) {
-        constexpr int ITERS = (Cfg<F>::BIN * QUADS + NT - 1) / NT;
+struct Bins<F, NT, float> {
+    static constexpr int BIN = Cfg<F>::BIN, ROW = Cfg<F>::ROW, QUADS = Cfg<F>::QUADS;
+    static constexpr int BYTES = 2 * BIN * ROW * 4;
+    float* bins;
+    const int* __restrict__ idx;
+    const float* __restrict__ val;
+    const float* __restrict__ fixed;
+    int f;
+    bool vec;
+
+    __device__ __forceinline__ void init() {
+        const int npad = F - f - 1;  // columns after the rating column
+        for (int c = threadIdx.x; c < 2 * BIN * npad; c += NT)
+            bins[(c / npad) * ROW + bin_col(f + 1 + c % npad)] = 0.0f;
+    }
+
+    __device__ __forceinline__ void stage(int buf, long long e0, int nk) {
+        constexpr int ROWB = ROW * 4;
+        const unsigned dst = smem_u32(bins) + buf * BIN * ROWB;
+        if (vec) {
+            constexpr int ITERS = (BIN * QUADS + NT - 1) / NT;
+            int v[ITERS];
+#pragma unroll
+            for (int it = 0; it < ITERS; ++it) {
+                const int k = (threadIdx.x + it * NT) / QUADS;
+                v[it] = k < nk ? __ldg(idx + e0 + k) : 0;
+            }
+#pragma unroll
+            for (int it = 0; it < ITERS; ++it) {
+                const int c = threadIdx.x + it * NT;
+                const int k = c / QUADS, col = 4 * (c - k * QUADS);
+                if (k < nk && col < f)
+                    cp_async16(dst + k * ROWB + 4 * bin_col(col), fixed + (long long)v[it] * f + col);
+            }
+        } else {
+            for (int c = threadIdx.x; c < nk * F; c += NT) {
+                const int k = c / F, col = c - k * F;
+                if (col < f)
+                    cp_async4(dst + k * ROWB + 4 * bin_col(col),
+                              fixed + (long long)__ldg(idx + e0 + k) * f + col);
+            }
+        }
+        for (int k = threadIdx.x; k < nk; k += NT) cp_async4(dst + k * ROWB + 4 * bin_col(f), val + e0 + k);
+    }
+
+    __device__ __forceinline__ const float* ready(int buf, int) const { return bins + buf * BIN * ROW; }
+};
+
+// bfloat16 rows (bits in unsigned short; row stride round_up(f, 8), so every row starts on
+// 16 bytes; the columns past f are ignored): each 16-byte piece is 8 columns, one tile
+// chunk. Two staging buffers of bf16 rows and their float ratings, filled by cp.async, and
+// one float bin. A thread converts exactly the pieces it copied (and the ratings that fall
+// in them), so its own cp.async wait suffices before ready(); the barrier after ready()
+// publishes the float bin, and the barrier ending each gram() step protects it.
+template <int F, int NT>
+struct Bins<F, NT, bf16> {
+    static constexpr int BIN = Cfg<F>::BIN, ROW = Cfg<F>::ROW, PIECES = F / TILE;
+    static constexpr int ITERS = (BIN * PIECES + NT - 1) / NT;
+    static constexpr int STAGE = (BIN * F * 2 + BIN * 4 + 15) / 16 * 16;  // bf16 rows, ratings
+    static constexpr int BYTES = BIN * ROW * 4 + 2 * STAGE;
+    float* bin;  // followed by the two staging buffers
+    const int* __restrict__ idx;
+    const float* __restrict__ val;
+    const bf16* __restrict__ fixed;
+    int f;
+    bool vec;  // unused: bf16 rows are always copied in 16-byte pieces
+
+    __device__ __forceinline__ void init() {}
+
+    __device__ __forceinline__ unsigned char* staging(int buf) const {
+        return reinterpret_cast<unsigned char*>(bin + BIN * ROW) + buf * STAGE;
+    }
+
+    __device__ __forceinline__ void stage(int buf, long long e0, int nk) {
+        const int ld = (f + TILE - 1) / TILE * TILE;  // row stride of the fixed factor
+        const unsigned dst = smem_u32(staging(buf));
         int v[ITERS];
 #pragma unroll
         for (int it = 0; it < ITERS; ++it) {
-            const int k = (threadIdx.x + it * NT) / QUADS;
+            const int k = (threadIdx.x + it * NT) / PIECES;
             v[it] = k < nk ? __ldg(idx + e0 + k) : 0;
         }
 #pragma unroll
         for (int it = 0; it < ITERS; ++it) {
             const int c = threadIdx.x + it * NT;
-            const int k = c / QUADS, col = 4 * (c - k * QUADS);
-            if (k < nk && col < f)
-                cp_async16(dst + k * ROWB + 4 * bin_col(col), fixed + (long long)v[it] * f + col);
-        }
-    } else {
-        for (int c = threadIdx.x; c < nk * F; c += NT) {
-            const int k = c / F, col = c - k * F;
-            if (col < f)
-                cp_async4(dst + k * ROWB + 4 * bin_col(col),
-                          fixed + (long long)__ldg(idx + e0 + k) * f + col);
+            const int k = c / PIECES, col = TILE * (c - k * PIECES);
+            if (k >= nk) continue;
+            if (col < f) cp_async16(dst + 2 * (k * F + col), fixed + (long long)v[it] * ld + col);
+            if (col <= f && f < col + TILE) cp_async4(dst + 2 * BIN * F + 4 * k, val + e0 + k);
         }
     }
-    for (int k = threadIdx.x; k < nk; k += NT) cp_async4(dst + k * ROWB + 4 * bin_col(f), val + e0 + k);
-}
+
+    __device__ __forceinline__ const float* ready(int buf, int nk) {
+        const unsigned char* src = staging(buf);
+        const float* rating = reinterpret_cast<const float*>(src + 2 * BIN * F);
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it) {
+            const int c = threadIdx.x + it * NT;
+            const int k = c / PIECES, col = TILE * (c - k * PIECES);
+            if (k >= nk) continue;
+            uint4 w = make_uint4(0, 0, 0, 0);
+            if (col < f) w = *reinterpret_cast<const uint4*>(src + 2 * (k * F + col));
+            const unsigned h[4] = {w.x, w.y, w.z, w.w};
+            float g[TILE];
+#pragma unroll
+            for (int j = 0; j < TILE; ++j) {
+                const float x = __uint_as_float(j & 1 ? h[j / 2] & 0xFFFF0000u : h[j / 2] << 16);
+                g[j] = col + j < f ? x : (col + j == f ? rating[k] : 0.0f);
+            }
+            float4* out = reinterpret_cast<float4*>(bin + k * ROW + col / TILE * CHUNK);
+            out[0] = make_float4(g[0], g[1], g[2], g[3]);
+            out[1] = make_float4(g[4], g[5], g[6], g[7]);
+        }
+        return bin;
+    }
+};
 
 // acc = this thread's tile (8 ib, 8 jb) of sum g_v g_v^T over ratings [lo, hi) of one row.
-// `bins` holds 2 BIN bin rows. Ends with a barrier, so the caller may reuse `bins` at once.
-template <int F, int NT>
-__device__ __forceinline__ void gram(float (&acc)[TILE][TILE], float* bins,
+// `smem` holds Bins<F, NT, T>::BYTES. Ends with a barrier, so the caller may reuse it at once.
+template <int F, int NT, typename T>
+__device__ __forceinline__ void gram(float (&acc)[TILE][TILE], void* smem,
                                      const int* __restrict__ idx, const float* __restrict__ val,
-                                     const float* __restrict__ fixed, int f, bool vec,
+                                     const T* __restrict__ fixed, int f, bool vec,
                                      long long lo, long long hi, int i0, int j0, bool active) {
     constexpr int BIN = Cfg<F>::BIN, ROW = Cfg<F>::ROW;
 #pragma unroll
     for (int r = 0; r < TILE; ++r)
 #pragma unroll
         for (int c = 0; c < TILE; ++c) acc[r][c] = 0.0f;
-    const int npad = F - f - 1;  // columns after the rating column, never copied into
-    for (int c = threadIdx.x; c < 2 * BIN * npad; c += NT)
-        bins[(c / npad) * ROW + bin_col(f + 1 + c % npad)] = 0.0f;
+    Bins<F, NT, T> bins{static_cast<float*>(smem), idx, val, fixed, f, vec};
+    bins.init();
 
     const int n = (int)(hi - lo);
     const int nbins = (n + BIN - 1) / BIN;
-    const unsigned base = smem_u32(bins);
-    load_bin<F, NT>(base, idx, val, fixed, f, vec, lo, min(BIN, n));
+    bins.stage(0, lo, min(BIN, n));
     cp_async_commit();
     for (int b = 0; b < nbins; ++b) {
         const int next = (b + 1) * BIN;
-        if (next < n)
-            load_bin<F, NT>(base + ((b + 1) & 1) * BIN * ROW * 4, idx, val, fixed, f, vec,
-                            lo + next, min(BIN, n - next));
+        if (next < n) bins.stage((b + 1) & 1, lo + next, min(BIN, n - next));
         cp_async_commit();
         cp_async_wait_prior1();
+        const int nk = min(BIN, n - b * BIN);
+        const float* bin = bins.ready(b & 1, nk);
         __syncthreads();
         if (active) {
-            const float* sa = bins + (b & 1) * BIN * ROW + (i0 / TILE) * CHUNK;
-            const float* sb = bins + (b & 1) * BIN * ROW + (j0 / TILE) * CHUNK;
-            const int nk = min(BIN, n - b * BIN);
+            const float* sa = bin + (i0 / TILE) * CHUNK;
+            const float* sb = bin + (j0 / TILE) * CHUNK;
 #pragma unroll 2
             for (int k = 0; k < nk; ++k) {
                 const float4 a0 = *reinterpret_cast<const float4*>(sa + k * ROW);
@@ -290,22 +386,22 @@ __device__ __forceinline__ void chol_solve(float (&acc)[TILE][TILE], int ib, int
 // triangle) and B (rows, f). With `atomic`, rows split over several segments sum up in
 // place (A, B zeroed by the caller); without, each row has one segment and is stored.
 // MINB: minimum resident blocks per SM asked of the compiler (as for update_kernel).
-template <int F, int NT, int MINB>
+template <int F, int NT, int MINB, typename T>
 __global__ void __launch_bounds__(NT, MINB)
     hermitian_kernel(const int* __restrict__ idx, const float* __restrict__ val,
-                     const float* __restrict__ fixed, int f, int vec,
+                     const T* __restrict__ fixed, int f, int vec,
                      const int* __restrict__ seg_out, const long long* __restrict__ seg_lo,
                      const long long* __restrict__ seg_hi, int atomic, float* __restrict__ A,
                      float* __restrict__ B) {
-    __shared__ __align__(16) float bins[2 * Cfg<F>::BIN * Cfg<F>::ROW];
+    __shared__ __align__(16) unsigned char bins[Bins<F, NT, T>::BYTES];
     const int s = blockIdx.x;
     const int t = blockIdx.y * NT + threadIdx.x;
     const bool active = t < Cfg<F>::NTRI;
     int ib = 0, jb = 0;
     if (active) tile_of(t, Cfg<F>::NTILE, ib, jb);
     float acc[TILE][TILE];
-    gram<F, NT>(acc, bins, idx, val, fixed, f, vec != 0, seg_lo[s], seg_hi[s], ib * TILE,
-                jb * TILE, active);
+    gram<F, NT, T>(acc, bins, idx, val, fixed, f, vec != 0, seg_lo[s], seg_hi[s], ib * TILE,
+                   jb * TILE, active);
     if (!active) return;
     const long long u = seg_out[s];
     float* Au = A + u * f * f;
@@ -338,13 +434,13 @@ __global__ void __launch_bounds__(NT, MINB)
 // A never leaves the chip. Block b solves row u = rows[b] (counts[u] > 0), adding
 // lam * counts[u] to the diagonal. MINB is the minimum of resident blocks per SM asked of
 // the compiler: it caps the registers.
-template <int F, int NT, int MINB>
+template <int F, int NT, int MINB, typename T>
 __global__ void __launch_bounds__(NT, MINB)
     update_kernel(const long long* __restrict__ indptr, const int* __restrict__ idx,
-                  const float* __restrict__ val, const float* __restrict__ fixed, int f, int vec,
+                  const float* __restrict__ val, const T* __restrict__ fixed, int f, int vec,
                   const long long* __restrict__ counts, float lam,
                   const int* __restrict__ rows, float* __restrict__ X) {
-    constexpr int BIN_BYTES = 2 * Cfg<F>::BIN * Cfg<F>::ROW * 4;
+    constexpr int BIN_BYTES = Bins<F, NT, T>::BYTES;
     constexpr int BYTES = BIN_BYTES > (int)sizeof(CholSmem<F>) ? BIN_BYTES : (int)sizeof(CholSmem<F>);
     __shared__ __align__(16) unsigned char smem[BYTES];
     const int u = rows[blockIdx.x];
@@ -352,8 +448,8 @@ __global__ void __launch_bounds__(NT, MINB)
     int ib = 0, jb = 0;
     if (active) tile_of(threadIdx.x, Cfg<F>::NTILE, ib, jb);
     float acc[TILE][TILE];
-    gram<F, NT>(acc, reinterpret_cast<float*>(smem), idx, val, fixed, f, vec != 0,
-                indptr[u], indptr[u + 1], ib * TILE, jb * TILE, active);
+    gram<F, NT, T>(acc, smem, idx, val, fixed, f, vec != 0, indptr[u], indptr[u + 1], ib * TILE,
+                   jb * TILE, active);
     chol_solve<F>(acc, ib, jb, active, f, lam * (float)counts[u],
                   *reinterpret_cast<CholSmem<F>*>(smem), X + (long long)u * f);
 }
