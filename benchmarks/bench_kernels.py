@@ -1,6 +1,7 @@
 """Benchmark of the CuPy backend's kernels on one GPU; prints a table last, writes JSON.
 
     python benchmarks/bench_kernels.py [--quick] [--json results.json]
+        [--precision float32 [bfloat16]]
 
 In one process, with CUDA events (warm-up first, median of repeats) on fresh random data:
 
@@ -15,6 +16,10 @@ In one process, with CUDA events (warm-up first, median of repeats) on fresh ran
   log-normal, capped near the real maxima; columns are drawn in proportion to the other
   side's degrees. Each side's update is checked against the NumPy backend on sampled rows
   (the heaviest included).
+* ``--precision``: the fixed factor's storage, float32 (default) and/or bfloat16, on the same
+  blocks; bfloat16 adds the time of ``prepare_fixed`` (rounding and packing the factor) and is
+  checked against the NumPy backend's bfloat16 emulation and the float64 solve from the
+  unrounded factor.
 
 Hermitian work is counted as f(f+1)/2 multiply-adds per rating (the lower triangle of
 theta theta^T; B's f per rating not counted), i.e. nnz * f * (f + 1) flop.
@@ -172,14 +177,16 @@ def sub_block(block: Block, rows: np.ndarray) -> Block:
                  0, 0, rows.size, block.n_cols)  # fmt: skip
 
 
-def check_rows(X, block: Block, fixed, n_sample: int, rng) -> dict[str, float]:
+def check_rows(X, block: Block, fixed, n_sample: int, rng, precision: str) -> dict[str, float]:
     """Relative differences on sampled rows (the 3 heaviest included): GPU vs the NumPy
-    backend, GPU vs a float64 solve, NumPy backend vs the float64 solve."""
+    backend at the same precision, GPU vs a float64 solve from the float32 factor, NumPy
+    backend vs the float64 solve."""
     deg = cp.asnumpy(cp.diff(block.indptr))
     rows = np.unique(np.concatenate([np.argsort(deg)[-3:], rng.choice(deg.size, n_sample)]))
     sub = sub_block(block, rows)
     fixed = cp.asnumpy(fixed)
-    ref32 = NumpyBackend().update(sub, fixed, deg[rows], LAM)
+    cpu = NumpyBackend(precision=precision)
+    ref32 = cpu.update(sub, cpu.prepare_fixed(fixed), deg[rows], LAM)
     ref64 = np.zeros(ref32.shape)
     for i in range(rows.size):
         lo, hi = sub.indptr[i], sub.indptr[i + 1]
@@ -191,54 +198,68 @@ def check_rows(X, block: Block, fixed, n_sample: int, rng) -> dict[str, float]:
             "numpy_vs_f64": rel(ref32, ref64)}  # fmt: skip
 
 
-def bench_shape(name: str, f: int, rng, variants: bool) -> dict:
+def bench_side(block: Block, fixed, precision: str, variants: bool, n_sample: int, rng) -> dict:
+    """Update (and hermitian) of one side's block at one storage precision of the fixed factor."""
+    f = fixed.shape[1]
+    be = CupyBackend(precision=precision)
+    stored = be.prepare_fixed(fixed)
+    counts = cp.diff(block.indptr)
+    flop = float(block.nnz) * f * (f + 1)
+    r = {"precision": precision, "nnz": block.nnz, "max_degree": int(counts.max())}
+    r["prepare_s"] = timeit(lambda x=fixed: be.prepare_fixed(x))["median"]
+    X = be.update(block, stored, counts, LAM)
+    r["err"] = check_rows(X, block, fixed, n_sample, rng, precision)
+    del X
+    t = timeit(lambda b=block, x=stored, c=counts: be.update(b, x, c, LAM))
+    r["update_s"], r["update_spread"] = t["median"], (t["min"], t["max"])
+    r["update_TFLOPs"] = flop / t["median"] / 1e12
+    if variants:
+        for key, other in (
+            ("update_threads576_s", CupyBackend(threads_per_sm=576)),
+            ("update_long_row_2048_s", CupyBackend(long_row=2048)),
+            ("update_long_row_16384_s", CupyBackend(long_row=16384)),
+        ):
+            r[key] = timeit(lambda o=other, b=block, x=stored, c=counts: o.update(b, x, c, LAM))[
+                "median"
+            ]
+    # hermitian alone (and unfused hermitian + solve) on the rows whose A fits 4 GB
+    k = min(block.n_rows, int(4e9 // (f * f * 4)))
+    e = int(block.indptr[k])
+    part = Block(block.indptr[: k + 1], block.indices[:e], block.values[:e], 0, 0, k,
+                 block.n_cols)  # fmt: skip
+    th = timeit(lambda p=part, x=stored: be.hermitian(p, x), repeats=3)
+    r["hermitian_rows"], r["hermitian_s"] = k, th["median"]
+    if variants:
+        other = CupyBackend(threads_per_sm=576)
+        r["hermitian_threads576_s"] = timeit(
+            lambda o=other, p=part, x=stored: o.hermitian(p, x), repeats=3
+        )["median"]
+    r["hermitian_TFLOPs"] = float(e) * f * (f + 1) / th["median"] / 1e12
+    A, B = be.hermitian(part, stored)
+    ts = timeit(lambda A=A, B=B, c=counts[:k]: be.solve(A, B, c, LAM), repeats=3)
+    tu = timeit(lambda p=part, x=stored, c=counts[:k]: be.update(p, x, c, LAM), repeats=3)
+    r["part_solve_s"], r["part_update_s"] = ts["median"], tu["median"]
+    del A, B, part, stored
+    free()
+    return r
+
+
+def bench_shape(name: str, f: int, rng, variants: bool, precisions=("float32",)) -> dict:
+    """Both sides of one shape; res[side][precision] per precision, on the same blocks."""
     m, n, nnz, (su, cu), (si, ci) = SHAPES[name]
     du, di = degrees(m, nnz, su, cu, rng), degrees(n, nnz, si, ci, rng)
     res = {"shape": name, "f": f, "m": m, "n": n}
-    be = CupyBackend()
     for side, row_deg, col_deg in (("X", du, di), ("Theta", di, du)):
         block = synth_block(row_deg, col_deg.astype(np.float64), int(rng.integers(1 << 30)))
         fixed = cp.random.random((block.n_cols, f), dtype=cp.float32) / np.float32(np.sqrt(f))
-        counts = cp.diff(block.indptr)
-        flop = float(block.nnz) * f * (f + 1)
-        r = {"nnz": block.nnz, "max_degree": int(row_deg.max())}
-        X = be.update(block, fixed, counts, LAM)
-        r["err"] = check_rows(X, block, fixed, 300 if side == "X" else 60, rng)
-        del X
-        t = timeit(lambda b=block, x=fixed, c=counts: be.update(b, x, c, LAM))
-        r["update_s"], r["update_spread"] = t["median"], (t["min"], t["max"])
-        r["update_TFLOPs"] = flop / t["median"] / 1e12
-        if variants:
-            for key, other in (
-                ("update_threads576_s", CupyBackend(threads_per_sm=576)),
-                ("update_long_row_2048_s", CupyBackend(long_row=2048)),
-                ("update_long_row_16384_s", CupyBackend(long_row=16384)),
-            ):
-                r[key] = timeit(lambda o=other, b=block, x=fixed, c=counts: o.update(b, x, c, LAM))[
-                    "median"
-                ]
-        # hermitian alone (and unfused hermitian + solve) on the rows whose A fits 4 GB
-        k = min(block.n_rows, int(4e9 // (f * f * 4)))
-        e = int(block.indptr[k])
-        part = Block(block.indptr[: k + 1], block.indices[:e], block.values[:e], 0, 0, k,
-                     block.n_cols)  # fmt: skip
-        th = timeit(lambda p=part, x=fixed: be.hermitian(p, x), repeats=3)
-        r["hermitian_rows"], r["hermitian_s"] = k, th["median"]
-        if variants:
-            other = CupyBackend(threads_per_sm=576)
-            r["hermitian_threads576_s"] = timeit(
-                lambda o=other, p=part, x=fixed: o.hermitian(p, x), repeats=3
-            )["median"]
-        r["hermitian_TFLOPs"] = float(e) * f * (f + 1) / th["median"] / 1e12
-        A, B = be.hermitian(part, fixed)
-        ts = timeit(lambda A=A, B=B, c=counts[:k]: be.solve(A, B, c, LAM), repeats=3)
-        tu = timeit(lambda p=part, x=fixed, c=counts[:k]: be.update(p, x, c, LAM), repeats=3)
-        r["part_solve_s"], r["part_update_s"] = ts["median"], tu["median"]
-        del A, B, part, block, fixed, counts
+        res[side] = {}
+        for p in precisions:
+            res[side][p] = bench_side(block, fixed, p, variants, 300 if side == "X" else 60, rng)
+            print(name, side, res[side][p], flush=True)
+        del block, fixed
         free()
-        res[side] = r
-        print(name, side, r, flush=True)
-    res["iteration_s"] = res["X"]["update_s"] + res["Theta"]["update_s"]
+    res["iteration_s"] = {p: res["X"][p]["update_s"] + res["Theta"][p]["update_s"]
+                          for p in precisions}  # fmt: skip
     return res
 
 
@@ -264,6 +285,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="Netflix only, fewer solve sizes")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--profile", action="store_true", help="one call of each kernel (for ncu)")
+    ap.add_argument(
+        "--precision",
+        nargs="+",
+        default=["float32"],
+        choices=["float32", "bfloat16"],
+        help="storage precision(s) of the fixed factor to measure",
+    )
     args = ap.parse_args()
     if args.profile:
         profile()
@@ -283,7 +311,9 @@ def main() -> None:
     shapes = ["netflix"] if args.quick else list(SHAPES)
     results["shapes"] = []
     for name in shapes:
-        results["shapes"].append(bench_shape(name, 100, rng, variants=name == "netflix"))
+        results["shapes"].append(
+            bench_shape(name, 100, rng, variants=name == "netflix", precisions=args.precision)
+        )
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
 
@@ -294,16 +324,18 @@ def main() -> None:
     for s in results["solve"]:
         print(f"| {s['f']} | {s['systems']} | {s['ours_per_s']:.3g} | {s['cusolver_per_s']:.3g} "
               f"| {s['cupy_solve_per_s']:.3g} | {s['err_ours']:.1e} |")  # fmt: skip
-    print("| shape | side | nnz | update s | update TFLOP/s | hermitian TFLOP/s "
-          "| err vs NumPy | err vs f64 (NumPy's) |")  # fmt: skip
+    print("| shape | side | precision | nnz | update s | prepare s | update TFLOP/s "
+          "| hermitian TFLOP/s | err vs NumPy | err vs f64 (NumPy's) |")  # fmt: skip
     for res in results["shapes"]:
         for side in ("X", "Theta"):
-            r = res[side]
-            print(f"| {res['shape']} | {side} | {r['nnz']} | {r['update_s']:.4f} "
-                  f"| {r['update_TFLOPs']:.1f} | {r['hermitian_TFLOPs']:.1f} "
-                  f"| {r['err']['gpu_vs_numpy']:.1e} | {r['err']['gpu_vs_f64']:.1e} "
-                  f"({r['err']['numpy_vs_f64']:.1e}) |")  # fmt: skip
-        print(f"| {res['shape']} | iteration (both updates) | | {res['iteration_s']:.4f} | | | | |")
+            for p, r in res[side].items():
+                err = r["err"]
+                print(f"| {res['shape']} | {side} | {p} | {r['nnz']} | {r['update_s']:.4f} "
+                      f"| {r['prepare_s']:.4f} | {r['update_TFLOPs']:.1f} "
+                      f"| {r['hermitian_TFLOPs']:.1f} | {err['gpu_vs_numpy']:.1e} "
+                      f"| {err['gpu_vs_f64']:.1e} ({err['numpy_vs_f64']:.1e}) |")  # fmt: skip
+        for p, t in res["iteration_s"].items():
+            print(f"| {res['shape']} | iteration (both updates) | {p} | | {t:.4f} | | | | | |")
 
 
 if __name__ == "__main__":

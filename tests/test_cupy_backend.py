@@ -1,7 +1,8 @@
 """GPU-only checks of the CuPy kernels against the NumPy backend and the float64 reference.
 
 Fresh random inputs each time: any f from 1 to 256 (and the cuSOLVER path above), very long
-rows split over blocks, rows without ratings, float64 inputs, out-of-memory errors.
+rows split over blocks, rows without ratings, float64 inputs, out-of-memory errors, and the
+bfloat16 factor storage against the NumPy backend's emulation of it.
 """
 
 from __future__ import annotations
@@ -122,6 +123,39 @@ def test_rows_without_counts_or_ratings_are_zero(gpu):
                                gpu.asarray(counts), 0.1))  # fmt: skip
     assert (X[[1, 2, 4, 5]] == 0).all()
     assert np.isfinite(X).all() and (np.abs(X[6:]).sum(axis=1) > 0).all()
+
+
+@pytest.mark.parametrize(
+    ("f", "long_row"),
+    [(1, 4096), (7, 4096), (16, 37), (33, 4096), (100, 4096), (100, 37), (256, 4096), (300, 4096)],
+)
+def test_bfloat16_matches_numpy_emulation(gpu, f, long_row):
+    """bf16 gathers on the GPU = the NumPy backend's rounded float32 inputs (float32 math),
+    a few 1e-4 from float32 storage; float32 factors still take the float32 kernels."""
+    from cumf_dask.backend import get_backend
+    from cumf_dask.backend.cupy_backend import CupyBackend
+
+    half, emu = CupyBackend(long_row=long_row, precision="bfloat16"), get_backend("numpy+bfloat16")
+    m, n, lam = 150, 400, 0.05
+    seed = int(np.random.default_rng().integers(1 << 30))
+    rows, _, _, block, fixed = _problem(m, n, f, 0.08, seed, empty_rows=[3], skew=0.8)
+    counts = np.bincount(rows, minlength=m)
+    dev, dcounts = half.block_to_device(block), half.asarray(counts)
+    stored = half.prepare_fixed(half.asarray(fixed))
+    assert stored.dtype == np.uint16 and stored.shape == fixed.shape
+    A, B = (half.to_host(a) for a in half.hermitian(dev, stored))
+    A0, B0 = emu.hermitian(block, emu.prepare_fixed(fixed))
+    assert rel_err(_lower(A), _lower(A0)) < 1e-5, seed
+    assert rel_err(B, B0) < 1e-5, seed
+    X = half.to_host(half.update(dev, stored, dcounts, lam))
+    assert (X[3] == 0).all()
+    assert rel_err(X, emu.update(block, emu.prepare_fixed(fixed), counts, lam)) < 1e-4, seed
+    X32 = gpu.to_host(gpu.update(dev, gpu.asarray(fixed), dcounts, lam))
+    assert 1e-5 < rel_err(X, X32) < 5e-3, seed
+    # uint16 rows not padded to 16 bytes are re-laid out; float32 factors are not rounded.
+    packed = half.xp.ascontiguousarray(stored)
+    assert rel_err(half.to_host(half.update(dev, packed, dcounts, lam)), X) < 1e-5, seed
+    assert rel_err(half.to_host(half.update(dev, half.asarray(fixed), dcounts, lam)), X32) < 1e-5
 
 
 def test_out_of_memory_is_a_device_memory_error(gpu):

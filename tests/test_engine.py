@@ -17,7 +17,7 @@ F, LAM, ITERS = 6, 0.05, 3
 M, N = 90, 60
 
 
-@pytest.fixture(scope="module", params=[1, 3], ids=lambda w: f"{w}workers")
+@pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda w: f"{w}workers")
 def client(request):
     with (
         LocalCluster(
