@@ -46,7 +46,7 @@ cp = import_cupy()
 
 TILE = 8  # register tile edge (kernels' TILE)
 MAX_FUSED_F = 256  # f up to this: fused update and own solve (one register tile per thread)
-MAX_F = 2040  # float32 Gram bins (two of at least 2 rows, F = 2048 padded) fit 48 KB static
+MAX_F = 2032  # F <= 2040: the float32 Gram bins (two of 2+ rows) fit 48 KB of static shared memory
 MAX_THREADS = 576  # one tile per thread up to F = 264 (33 x 34 / 2 = 561 tiles)
 BATCH_BYTES = 1 << 30  # A of a row batch when rows go through hermitian + solve
 THREADS_PER_SM = 480  # kernels' register cap: this many resident threads per SM
