@@ -135,7 +135,8 @@ def write_band(
     # One shard (one file) per band array, in small inner chunks: a tile read decodes
     # little more than the tile, and the band is still written whole by this one call.
     chunk = max(1, min(TILE_CHUNK, size))
-    layout = {"shape": (size,), "chunks": (chunk,), "shards": (-(-size // chunk) * chunk,)}
+    shard = max(chunk, -(-size // chunk) * chunk)  # zarr >= 3.2 refuses an empty shard
+    layout = {"shape": (size,), "chunks": (chunk,), "shards": (shard,)}
     sub.create_array("major", dtype="int32", overwrite=True, **layout)
     sub.create_array("minor", dtype=index_dtype(n_minor), overwrite=True, **layout)
     sub.create_array("val", dtype="float32", overwrite=True, **layout)
