@@ -64,6 +64,35 @@ def get_store(args: argparse.Namespace) -> RatingsStore:
         return store
 
 
+def plot(path: str) -> str:
+    """Seconds per iteration against training ratings, one line per device (report.py)."""
+    from report import write_results
+
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        r = json.loads(line)
+        rows.append(
+            {
+                "device": r["device"],
+                "shape": f"{r['shape'][0]:,} x {r['shape'][1]:,}",
+                "train_ratings": r["nnz"],
+                "factors": r["factors"],
+                "seconds_per_iteration": round(r["median_seconds_per_iteration"], 4),
+                "date": r["date"],
+            }
+        )
+    return write_results(
+        "iteration",
+        rows,
+        x="train_ratings",
+        y="seconds_per_iteration",
+        series="device",
+        title="ALS iteration, whole Dask pipeline (median)",
+        logx=True,
+        logy=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset")
@@ -82,7 +111,15 @@ def main() -> None:
     parser.add_argument("--no-eval", action="store_true", help="skip per-iteration RMSE")
     parser.add_argument("--data", default="/tmp/cumf-bench")
     parser.add_argument("--json", help="append the result record to this JSON-lines file")
+    parser.add_argument(
+        "--plot",
+        metavar="JSONL",
+        help="only report: records of earlier runs -> results/iteration.json, .png and a table",
+    )
     args = parser.parse_args()
+    if args.plot:
+        print(plot(args.plot))
+        return
     if args.preset is None:
         args.m, args.n = args.m or 100_000, args.n or 20_000
         args.nnz = args.nnz or 5_000_000
