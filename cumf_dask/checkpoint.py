@@ -1,9 +1,10 @@
-"""Factor files: atomic per-iteration checkpoints and saved models, as Zarr groups.
+"""Factor files: per-iteration checkpoints and saved models, as Zarr groups in local folders.
 
 A checkpoint is written whole under a temporary name, then renamed into place, then the
 ``LATEST`` pointer is replaced atomically (``os.replace``): an interrupted write leaves the
-previous checkpoint valid. Factors are written by one task per Zarr chunk (their Dask array
-is rechunked to the Zarr chunks first), so no chunk is written twice.
+previous checkpoint valid. A saved model is replaced the same way: the old one is renamed
+aside only once the new one is complete. Factors are written by one task per Zarr chunk
+(their Dask array is rechunked to the Zarr chunks first), so no chunk is written twice.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import dask.array as da
 import numpy as np
 import zarr
 
+from .data.store import normalize_url
 from .errors import StoreError
 
 MODEL_FORMAT = "cumf-dask-model"
+CHECKPOINT_FORMAT = "cumf-dask-checkpoint"
 MODEL_VERSION = 1
 ROW_CHUNK = 65536
 
@@ -31,8 +34,21 @@ def write_factors(
     attrs: dict[str, Any],
     client: Any = None,
 ) -> None:
-    """Write factor arrays and attrs to a new Zarr group at `path` (replacing it atomically)."""
-    path = Path(path)
+    """Write factor arrays and attrs to a new Zarr group at `path` (see the module doc).
+
+    An existing `path` is replaced only if it is an earlier model or checkpoint (or empty).
+    """
+    path = Path(local_path(path))
+    if path.exists() and not (path.is_dir() and not any(path.iterdir())):
+        try:
+            found = zarr.open_group(str(path), mode="r").attrs.get("format")
+        except Exception:
+            found = None
+        if found not in (MODEL_FORMAT, CHECKPOINT_FORMAT):
+            raise StoreError(
+                f"{path}: exists and is not a cumf-dask model or checkpoint; refusing to "
+                "replace it (choose another path)"
+            )
     tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
     try:
         group = zarr.open_group(str(tmp), mode="w")
@@ -65,10 +81,21 @@ def write_factors(
         raise
 
 
+def local_path(path: str | Path) -> str:
+    """Models and checkpoints live in local (or mounted shared) folders, not at URLs."""
+    text = normalize_url(path)
+    if "://" in text:
+        raise StoreError(
+            f"{text}: models and checkpoints are written to local or mounted folders, not URLs; "
+            "give a path"
+        )
+    return text
+
+
 def read_factors(path: str | Path, expect_format: str = MODEL_FORMAT) -> tuple[dict, dict]:
     """(attrs, {name: numpy array}) of a factor group written by write_factors."""
     try:
-        group = zarr.open_group(str(path), mode="r")
+        group = zarr.open_group(local_path(path), mode="r")
     except (FileNotFoundError, zarr.errors.GroupNotFoundError):
         raise StoreError(f"{path}: no saved model or checkpoint here") from None
     attrs = dict(group.attrs)
@@ -84,7 +111,7 @@ class Checkpointer:
     """Per-iteration checkpoints in a directory: iter-00003/ ... plus an atomic LATEST file."""
 
     def __init__(self, directory: str | Path, keep: int = 2):
-        self.directory = Path(directory)
+        self.directory = Path(local_path(directory))
         self.keep = keep
 
     def save(self, iteration: int, arrays: dict[str, Any], attrs: dict[str, Any], client=None):
@@ -93,14 +120,17 @@ class Checkpointer:
         write_factors(
             self.directory / name,
             arrays,
-            {**attrs, "format": "cumf-dask-checkpoint", "iteration": iteration},
+            {**attrs, "format": CHECKPOINT_FORMAT, "iteration": iteration},
             client,
         )
         pointer = self.directory / f".LATEST-{uuid.uuid4().hex[:8]}"
         pointer.write_text(name + "\n")
         os.replace(pointer, self.directory / "LATEST")
-        for old in sorted(self.directory.glob("iter-*"))[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        for old in self.directory.glob("iter-*"):
+            number = int(old.name.removeprefix("iter-")) if old.name[5:].isdigit() else None
+            # earlier than the last `keep`, or left by a longer run: never the new one
+            if number is not None and not iteration - self.keep < number <= iteration:
+                shutil.rmtree(old, ignore_errors=True)
 
     def latest(self) -> tuple[int, dict, dict] | None:
         """(iteration, attrs, arrays) of the last complete checkpoint, or None."""
@@ -108,5 +138,5 @@ class Checkpointer:
         if not pointer.is_file():
             return None
         path = self.directory / pointer.read_text().strip()
-        attrs, arrays = read_factors(path, "cumf-dask-checkpoint")
+        attrs, arrays = read_factors(path, CHECKPOINT_FORMAT)
         return int(attrs["iteration"]), attrs, arrays

@@ -18,7 +18,13 @@ from .config import ClusterConfig, PlanConfig
 from .data.builder import build_store
 from .data.store import RatingsStore
 from .engine import tasks
-from .engine.cluster import CumfWorkerSetup, cluster_client, plan_on, worker_addresses
+from .engine.cluster import (
+    CumfWorkerSetup,
+    backend_on,
+    cluster_client,
+    plan_on,
+    worker_addresses,
+)
 from .engine.graph import Factor, SUALSEngine, even_bounds
 from .errors import ConfigError, StoreError
 from .plan import Plan
@@ -109,27 +115,32 @@ class ALS:
         """
         self._check_params()
         store, tmp = self._as_store(data)
-        backend = resolve_backend_name(self.backend)
         try:
             if client is not None:
-                self._fit(store, client, backend, resume)
+                self._fit(store, client, backend_on(client, self.backend), resume)
                 self._gather()
                 return self
+            backend = resolve_backend_name(self.backend)
             with cluster_client(ClusterConfig(backend=backend, dashboard_address=None)) as own:
                 self._fit(store, own, backend, resume)
                 self._gather()
             self._engine = None
             self._X = self._Theta = None
-        finally:
+        except BaseException:
             if tmp is not None:
                 tmp.cleanup()
+            raise
+        self._tmp = tmp  # a store built from arrays lives as long as the model
         return self
 
     def _check_params(self) -> None:
         if not isinstance(self.factors, int) or self.factors < 1:
             raise ConfigError(f"factors must be a positive integer, got {self.factors!r}")
-        if not self.regularization >= 0:
-            raise ConfigError(f"regularization must be >= 0, got {self.regularization!r}")
+        if not self.regularization > 0:
+            raise ConfigError(
+                f"regularization must be > 0 (rows with fewer than f ratings need it), "
+                f"got {self.regularization!r}"
+            )
         if self.precision not in PRECISIONS:
             raise ConfigError(
                 f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
@@ -152,7 +163,7 @@ class ALS:
         )
 
     def _fit(self, store: RatingsStore, client: Any, backend: str, resume: bool) -> None:
-        client.register_plugin(CumfWorkerSetup())  # BLAS threads, kernel cache (idempotent)
+        client.register_plugin(CumfWorkerSetup())  # BLAS threads, kernel cache
         workers = worker_addresses(client)
         self.plan_: Plan = plan_on(
             client,
@@ -185,8 +196,10 @@ class ALS:
         for it in range(start + 1, self.iterations + 1):
             t0 = time.perf_counter()
             X = engine.half_step("x", theta, it, self.progress)
+            theta.placed.clear()  # its copies on the workers are no longer needed
             t1 = time.perf_counter()
             theta = engine.half_step("theta", X, it, self.progress)
+            X.placed.clear()
             t2 = time.perf_counter()
             record: dict[str, Any] = {
                 "iteration": it,
@@ -195,9 +208,9 @@ class ALS:
                 "theta_seconds": t2 - t1,
             }
             if self.evaluate:
-                record["train_rmse"] = engine.squared_error(X, theta, it, "train")
+                record["train_rmse"] = engine.rmse(X, theta, it, "train")
                 if store.has_test:
-                    record["test_rmse"] = engine.squared_error(X, theta, it, "test")
+                    record["test_rmse"] = engine.rmse(X, theta, it, "test")
             record["elapsed"] = time.perf_counter() - began
             self.metrics_.append(record)
             self._X, self._Theta = X, theta
@@ -208,6 +221,7 @@ class ALS:
         if X is None:  # nothing left to run (resumed at the end, or iterations == 0)
             X = engine.half_step("x", theta, start + 1)
         self._X, self._Theta = X, theta
+        engine.release()
         self.iterations_done_ = max(start, self.iterations)
 
     def _check_checkpoint(self, attrs: dict, store: RatingsStore) -> None:

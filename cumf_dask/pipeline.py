@@ -7,10 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .backend import resolve_backend_name
 from .config import Config
 from .data.store import RatingsStore
-from .engine.cluster import cluster_client, plan_on
+from .engine.cluster import backend_on, cluster_client, plan_on
 from .errors import StoreError
 from .model import ALS
 from .plan import Plan
@@ -80,7 +79,7 @@ def plan_for(
     first. A store still to be generated is planned from the generator's shape with even
     splits (estimated = True), so planning a billion-rating config does not first build it.
     """
-    backend = resolve_backend_name(config.cluster.backend)
+    backend = backend_on(client, config.cluster.backend)
     try:
         store = RatingsStore.open(config.data.store)
     except StoreError:

@@ -113,3 +113,27 @@ def test_bad_input(store, client, tmp_path):
         model.predict([M], [0])
     with pytest.raises(StoreError, match="not a complete"):
         ALS.load(store.url)
+
+
+def test_checkpoints_of_a_shorter_rerun_survive(store, client, tmp_path):
+    """A longer earlier run in the same folder never makes the new checkpoint disappear."""
+    ckpt = str(tmp_path / "ckpt")
+    ALS(3, 0.05, 4, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client)
+    ALS(3, 0.05, 1, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client)
+    resumed = ALS(3, 0.05, 2, backend="numpy", checkpoint_dir=ckpt)
+    resumed.fit(store, client=client, resume=True)
+    assert [r["iteration"] for r in resumed.metrics_] == [1, 2]
+
+
+def test_save_refuses_to_replace_a_foreign_folder(store, client, tmp_path):
+    model = ALS(2, 0.1, 1, backend="numpy").fit(store, client=client)
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(StoreError, match="refusing"):
+        model.save(precious)
+    assert (precious / "notes.txt").read_text() == "keep me"
+    model.save(tmp_path / "m.zarr")
+    model.save(tmp_path / "m.zarr")  # replacing an earlier model is fine
+    with pytest.raises(StoreError, match="not URLs"):
+        model.save("memory://m.zarr")

@@ -218,3 +218,23 @@ def test_fsspec_urls(tmp_path, ratings, scheme):
     rt, ct, vt = store.read_coo("test")
     got = dense(np.r_[r, rt], np.r_[c, ct], np.r_[v, vt], (M, N))
     np.testing.assert_array_equal(got, dense(rows, cols, vals, (M, N)))
+
+
+def test_overwrite_never_deletes_foreign_data(tmp_path, ratings):
+    rows, cols, vals = ratings
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "file.txt").write_text("keep me")
+    with pytest.raises(StoreError, match="not a cumf-dask rating store"):
+        build_store(str(precious), rows, cols, vals, shape=(M, N), overwrite=True)
+    assert (precious / "file.txt").read_text() == "keep me"
+    build_store(f"{tmp_path}/trailing.zarr/", rows, cols, vals, shape=(M, N))
+    assert RatingsStore.open(f"{tmp_path}/trailing.zarr").nnz == len(vals)
+    url = f"memory://{tmp_path.name}/remote.zarr"
+    build_store(url, rows, cols, vals, shape=(M, N))
+    with pytest.raises(StoreError, match="already exists"):
+        build_store(url, rows[:5], cols[:5], vals[:5], shape=(M, N))
+    assert RatingsStore.open(url).nnz == len(vals)
+    with pytest.raises(IngestError, match="tile_rows"):
+        build_store(str(tmp_path / "t.zarr"), rows, cols, vals, shape=(M, N), tile_rows=0)
+    assert not (tmp_path / "t.zarr").exists() and not (tmp_path / "t.zarr.partial").exists()

@@ -15,6 +15,7 @@ ever written by two tasks.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import tempfile
@@ -65,16 +66,51 @@ def split_mask(row: np.ndarray, col: np.ndarray, fraction: float, seed: int) -> 
 # ----------------------------------------------------------------------------- band functions
 
 
+def check_target(url: str, overwrite: bool) -> None:
+    """Refuse to replace anything but a cumf-dask store, and a store only with `overwrite`.
+
+    Nothing there, or an empty folder, is fine; a file, a foreign folder or a foreign Zarr
+    group is never deleted.
+    """
+    url = normalize_url(url)
+    if "://" in url:
+        try:
+            fmt = zarr.open_group(url, mode="r").attrs.get("format")
+        except Exception:
+            return
+    else:
+        path = Path(url)
+        if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+            return
+        fmt = _local_format(path)
+    if fmt != FORMAT:
+        raise StoreError(
+            f"{url}: exists and is not a cumf-dask rating store; refusing to replace it "
+            "(choose another output path)"
+        )
+    if not overwrite:
+        raise StoreError(f"{url}: already exists; pass overwrite=True (--overwrite) to replace")
+
+
+def _local_format(path: Path) -> str | None:
+    """The `format` attribute of a local Zarr v3 group folder, or None."""
+    meta = path / "zarr.json"
+    if not (path.is_dir() and meta.is_file()):
+        return None
+    try:
+        return json.loads(meta.read_text()).get("attributes", {}).get("format")
+    except (OSError, ValueError):
+        return None
+
+
 def init_store(
     url: str, m: int, n: int, tile_rows: int, tile_cols: int, overwrite: bool = False
 ) -> None:
     """Create an empty store marked incomplete, with its count arrays chunked by tile."""
     url = normalize_url(url)
-    path = Path(url)
-    if "://" not in url and path.exists():
-        if not overwrite:
-            raise StoreError(f"{url}: already exists; pass overwrite=True (--overwrite) to replace")
-        shutil.rmtree(path)
+    check_target(url, overwrite)
+    if "://" not in url and Path(url).exists():
+        shutil.rmtree(url)
     if m <= 0 or n <= 0:
         raise IngestError(f"{url}: the matrix would be empty ({m} x {n}); there are no ratings")
     group = zarr.open_group(url, mode="w")
@@ -306,8 +342,8 @@ class StoreBuilder:
 
     ``add`` validates a chunk, splits off the test share, and appends it to per-band spill
     files; ``finalize`` resolves duplicates and writes one band at a time. Row and column
-    counts (m, n) may grow while adding (ids mapped on the fly); tile sizes must then be given
-    or default to 65,536.
+    counts (m, n) may grow while adding (ids mapped on the fly); rows per tile are then given
+    or 65,536, and columns per tile are chosen from the final shape.
     """
 
     def __init__(
@@ -329,15 +365,17 @@ class StoreBuilder:
         if duplicates not in ("error", "last", "mean"):
             raise IngestError(f"duplicates must be 'error', 'last' or 'mean', got {duplicates!r}")
         url = normalize_url(url)
-        if "://" not in url and Path(url).exists() and not overwrite:
-            raise StoreError(f"{url}: already exists; pass overwrite=True (--overwrite) to replace")
+        check_target(url, overwrite)
+        for name, value in (("tile_rows", tile_rows), ("tile_cols", tile_cols)):
+            if value is not None and value < 1:
+                raise IngestError(f"{name} must be a positive integer, got {value}")
         self.url = url
         self.m, self.n = m, n
         if tile_rows is None:
             tile_rows = default_tile(m, n, expected_nnz) if m and n and expected_nnz else 65536
-        if tile_cols is None:
-            tile_cols = default_tile(n, m, expected_nnz) if m and n and expected_nnz else 65536
-        self.tile_rows, self.tile_cols = int(tile_rows), int(tile_cols)
+        self.tile_rows = int(tile_rows)
+        # Spill files are cut by row band only, so the column tiles can wait for the shape.
+        self.tile_cols = tile_cols
         self.test_fraction, self.split_seed = float(test_fraction), int(split_seed)
         self.duplicates: DuplicatePolicy = duplicates
         self.overwrite = overwrite
@@ -416,7 +454,7 @@ class StoreBuilder:
         On any error the partial store is removed, so nothing incomplete is left behind.
         """
         local = "://" not in self.url
-        work = f"{self.url}.partial" if local else self.url
+        work = work_url(self.url)
         created = False
         try:
             if self._records == 0 or not self._bands:
@@ -427,10 +465,11 @@ class StoreBuilder:
                 m = len(row_ids)
             if col_ids is not None:
                 n = len(col_ids)
-            init_store(work, m, n, self.tile_rows, self.tile_cols, overwrite=local)
-            created = True
+            created = True  # from here on a failure removes what was written
+            tile_cols = self.tile_cols or default_tile(n, m, self._records)
+            init_store(work, m, n, self.tile_rows, tile_cols, overwrite=local or self.overwrite)
             n_row_tiles = math.ceil(m / self.tile_rows)
-            n_col_tiles = math.ceil(n / self.tile_cols)
+            n_col_tiles = math.ceil(n / tile_cols)
             summaries: dict[str, list[dict[str, float]]] = {"row": [], "test": [], "col": []}
             has_test = any(k == "test" for k, _ in self._bands)
             steps = (2 if has_test else 1) * n_row_tiles + n_col_tiles
@@ -461,9 +500,7 @@ class StoreBuilder:
                 row_ids=row_ids,
                 col_ids=col_ids,
             )
-            if local:
-                _replace_dir(work, self.url)
-            return RatingsStore.open(self.url)
+            return publish(work, self.url)
         except BaseException:
             if created and local:
                 shutil.rmtree(work, ignore_errors=True)
@@ -474,6 +511,18 @@ class StoreBuilder:
     def abort(self) -> None:
         """Drop the spill files (the store itself was not created yet)."""
         shutil.rmtree(self._spill, ignore_errors=True)
+
+
+def work_url(url: str) -> str:
+    """Where a build writes before it is complete: beside a local target, in place for URLs."""
+    return f"{url}.partial" if "://" not in url else url
+
+
+def publish(work: str, url: str) -> RatingsStore:
+    """Move a finished local build into place (the old store goes only now) and open it."""
+    if work != url:
+        _replace_dir(work, url)
+    return RatingsStore.open(url)
 
 
 def _replace_dir(src: str, dst: str) -> None:

@@ -74,7 +74,7 @@ class Block:
 
 def normalize_url(url: Any) -> str:
     """A store location as a string: ``file://`` URLs become plain local paths."""
-    url = str(url)
+    url = str(url).rstrip("/") or "/"
     return url[len("file://") :] if url.startswith("file://") else url
 
 

@@ -49,7 +49,16 @@ import numpy as np
 from ..compat import has_cuda, import_cupy
 from ..config import GenerateConfig
 from ..errors import ConfigError
-from .builder import finish_store, init_store, split_mask, transpose_band, write_band
+from .builder import (
+    check_target,
+    finish_store,
+    init_store,
+    publish,
+    split_mask,
+    transpose_band,
+    work_url,
+    write_band,
+)
 from .store import RatingsStore, default_tile, normalize_url
 
 Progress = Callable[[str, int, int], None]
@@ -609,14 +618,16 @@ def generate(
     tile_rows = tile_rows or default_tile(m, n, nnz)
     tile_cols = tile_cols or default_tile(n, m, nnz)
     url = normalize_url(url)
-    init_store(url, m, n, tile_rows, tile_cols, overwrite=overwrite)
+    check_target(url, overwrite)  # the old store stays until the new one is complete
+    work = work_url(url)
+    init_store(work, m, n, tile_rows, tile_cols, overwrite=True)
     try:
         bands = [
-            (url, model, a, tile_rows, tile_cols, test_fraction, split_seed, use_gpu)
+            (work, model, a, tile_rows, tile_cols, test_fraction, split_seed, use_gpu)
             for a in range(math.ceil(m / tile_rows))
         ]
         rows = _run(client, _row_band, bands, "generate", progress)
-        cols = _run(client, transpose_band, [(url, b) for b in range(math.ceil(n / tile_cols))],
+        cols = _run(client, transpose_band, [(work, b) for b in range(math.ceil(n / tile_cols))],
                     "transpose", progress)  # fmt: skip
         n_test = sum(r[1]["nnz"] for r in rows) if test_fraction > 0 else 0
         source = {
@@ -632,13 +643,14 @@ def generate(
             # sampling, unless ratings are clipped or rounded)
             "planted_test_rmse": math.sqrt(sum(r[2] for r in rows) / n_test) if n_test else None,
         }
-        return finish_store(
-            url, [r[0] for r in rows], cols, [r[1] for r in rows] if test_fraction > 0 else None,
+        finish_store(
+            work, [r[0] for r in rows], cols, [r[1] for r in rows] if test_fraction > 0 else None,
             source=source,
         )  # fmt: skip
+        return publish(work, url)
     except BaseException:
-        if "://" not in url:
-            shutil.rmtree(url, ignore_errors=True)
+        if "://" not in work:
+            shutil.rmtree(work, ignore_errors=True)
         raise
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from distributed import Client, WorkerPlugin
 
 from ..backend import resolve_backend_name
-from ..compat import cuda_device_count, has_module
+from ..compat import cuda_device_count, has_cuda, has_module
 from ..config import ClusterConfig, PlanConfig, parse_size
 from ..errors import ConfigError
 from ..plan import Plan, make_plan
@@ -51,8 +51,9 @@ class CumfWorkerSetup(WorkerPlugin):
         from threadpoolctl import threadpool_limits
 
         self._limits = threadpool_limits(self.blas_threads)
-        root = os.environ.get("CUPY_CACHE_DIR") or os.path.join(
-            os.path.expanduser("~"), ".cupy", "kernel_cache"
+        default = os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
+        root = os.environ.setdefault(
+            "CUMF_CUPY_CACHE_ROOT", os.environ.get("CUPY_CACHE_DIR") or default
         )
         os.environ["CUPY_CACHE_DIR"] = os.path.join(root, f"cumf-worker-{worker.name}")
 
@@ -163,6 +164,15 @@ def worker_memory(client: Client, backend: str) -> int:
 
         return int(psutil.virtual_memory().total / max(len(limits), 1))
     return min(limits)
+
+
+def backend_on(client: Client, name: str) -> str:
+    """A backend name resolved where the work runs: 'auto' is cupy only if every worker
+    sees a GPU (a CPU login node may drive GPU workers, or the reverse)."""
+    if name != "auto":
+        return resolve_backend_name(name)
+    found = client.run(has_cuda)
+    return "cupy" if found and all(found.values()) else "numpy"
 
 
 def plan_on(

@@ -107,7 +107,7 @@ class SUALSEngine:
         rows = (h.row_bounds[batch], h.row_bounds[batch + 1])
         cols = (h.col_bounds[part], h.col_bounds[part + 1])
         orient = "test" if kind == "test" else h.orient
-        resident = self.plan.resident or kind == "test"
+        resident = self.plan.resident
         tag = f"load-{kind}-{h.label}-batch{batch}-part{part}"
         return self._submit(
             tasks.load_block,
@@ -283,7 +283,11 @@ class SUALSEngine:
         return pieces
 
     # ------------------------------------------------------------------ evaluation
-    def squared_error(self, X: Factor, Theta: Factor, it: int, kind: str = "train") -> float:
+    def release(self) -> None:
+        """Let go of the resident blocks, counts and factor copies held on the workers."""
+        self._cache.clear()
+
+    def rmse(self, X: Factor, Theta: Factor, it: int, kind: str = "train") -> float:
         """RMSE over the training (or held-out) ratings, computed where the X-side blocks live."""
         h = self.plan.x
         futures = []
