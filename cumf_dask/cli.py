@@ -246,11 +246,7 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
 
     model = ALS.load(args.model)
     store = RatingsStore.open(args.store)
-    if (store.m, store.n) != model.shape_:
-        raise StoreError(
-            f"{args.store} is {store.m:,} x {store.n:,} but the model is "
-            f"{model.shape_[0]:,} x {model.shape_[1]:,}: evaluate on the store it was trained on"
-        )
+    _check_shape(model, store, args.store)
     result: dict[str, Any] = {"train_rmse": model.rmse(store, kind="train")}
     if store.has_test:
         result["test_rmse"] = model.rmse(store, kind="test")
@@ -271,6 +267,8 @@ def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
     model = ALS.load(args.model)
     store_url = args.store or model.store_url_
     store = RatingsStore.open(store_url) if store_url else None
+    if store is not None:
+        _check_shape(model, store, store_url)
     index = _lookup(args.user, model.user_ids_, model.shape_[0])
     top, scores = model.recommend([index], k=args.k, exclude_seen=store is not None, store=store)
     items = model.item_ids_[top[0]].tolist() if model.item_ids_ is not None else top[0].tolist()
@@ -281,6 +279,15 @@ def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
             print(f"{rank:>3}. {item}  {score:.4f}")
 
     out.result(result, human)
+
+
+def _check_shape(model: Any, store: Any, url: str) -> None:
+    """The store must be the one the model was trained on (same m and n)."""
+    if (store.m, store.n) != model.shape_:
+        raise StoreError(
+            f"{url} is {store.m:,} x {store.n:,} but the model is "
+            f"{model.shape_[0]:,} x {model.shape_[1]:,}: use the store it was trained on"
+        )
 
 
 def _lookup(user: str, ids: np.ndarray | None, m: int) -> int:

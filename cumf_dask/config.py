@@ -176,7 +176,48 @@ def load_config(
         raise ConfigError(f"{source}: the top level must be a mapping of sections")
     for item in overrides or []:
         raw = _merge(raw, _parse_override(item, source))
-    return _build(Config, raw, source, "")
+    config = _build(Config, raw, source, "")
+    _check_ranges(config, source)
+    return config
+
+
+# dotted key -> (lowest allowed value, whether the lowest value itself is allowed)
+_RANGES: dict[str, tuple[float, bool]] = {
+    "model.factors": (1, True),
+    "model.iterations": (0, True),
+    "model.regularization": (0, False),
+    "plan.p": (1, True),
+    "plan.q": (1, True),
+    "plan.x.p": (1, True),
+    "plan.x.q": (1, True),
+    "plan.theta.p": (1, True),
+    "plan.theta.q": (1, True),
+    "cluster.n_workers": (1, True),
+    "cluster.threads_per_worker": (1, True),
+    "data.tile_rows": (1, True),
+    "data.tile_cols": (1, True),
+    "data.test_fraction": (0, True),
+    "data.generate.scale": (0, False),
+    "data.generate.rank": (1, True),
+    "data.generate.noise": (0, True),
+}
+
+
+def _check_ranges(config: Config, source: str) -> None:
+    """Values of the right type but outside their range: one error naming key and range."""
+    for key, (low, inclusive) in _RANGES.items():
+        value: Any = config
+        for part in key.split("."):
+            value = getattr(value, part)
+        if value is None:
+            continue
+        if value < low or (value == low and not inclusive):
+            bound = f">= {low}" if inclusive else f"> {low}"
+            raise ConfigError(f"{source}: '{key}' must be {bound}, got {value!r}")
+    if not config.data.test_fraction < 1:
+        raise ConfigError(
+            f"{source}: 'data.test_fraction' must be < 1, got {config.data.test_fraction!r}"
+        )
 
 
 def _parse_override(item: str, source: str) -> dict[str, Any]:
@@ -246,14 +287,11 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
                 raise ConfigError(
                     f"{source}: '{key}' must be {_describe(tp)}, got {value!r}"
                 ) from None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+        for arg in options:
             try:
                 return _coerce(arg, value, source, key)
-            except ConfigError as exc:
-                errors.append(exc)
+            except ConfigError:
+                pass
         raise ConfigError(f"{source}: '{key}' must be {_describe(tp)}, got {value!r}")
     if origin is Literal:
         allowed = get_args(tp)

@@ -57,11 +57,13 @@ def _check_reuse(config: Config, store: RatingsStore) -> None:
     data = config.data
     if data.source != "generate":
         return  # an ingested store is reused as it is (the log line says how to rebuild)
-    from .data.synthetic import resolve_shape
+    from dataclasses import fields
 
-    m, n, nnz = resolve_shape(data.generate)
-    want = {"m": m, "n": n, "nnz": nnz, "seed": data.generate.seed,
-            "test_fraction": data.test_fraction}  # fmt: skip
+    from .data.synthetic import PlantedModel
+
+    model = PlantedModel.from_config(data.generate)
+    want = {f.name: getattr(model, f.name) for f in fields(model)}
+    want.update(test_fraction=data.test_fraction, split_seed=data.split_seed)
     got = {key: store.source.get(key) for key in want}
     if got != want:
         raise StoreError(

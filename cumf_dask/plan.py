@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .config import PlanConfig, parse_size
-from .errors import PlanError
+from .errors import ConfigError, PlanError
 
 BYTES = 4  # float32
 RATING_BYTES = 12  # int32 index + float32 value + amortized indptr/row
@@ -255,7 +255,7 @@ def make_plan(
     if config.groups is not None:
         flat = sorted(w for g in config.groups for w in g)
         if flat != list(range(workers)):
-            raise PlanError(
+            raise ConfigError(
                 f"plan.groups {config.groups} must name every worker 0..{workers - 1} exactly once"
             )
     return Plan(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,13 @@ class RunFolder:
     def latest(cls, config: Config) -> RunFolder | None:
         """The newest run folder of this config's name that has checkpoints (for --resume)."""
         root = Path(config.output.dir)
+        mine = re.compile(re.escape(config.output.name) + r"-\d{8}-\d{6}(-\d+)?")
         found = sorted(
-            (p for p in root.glob(f"{config.output.name}-*") if (p / "checkpoints").is_dir()),
+            (
+                p
+                for p in root.glob(f"{config.output.name}-*")
+                if mine.fullmatch(p.name) and (p / "checkpoints").is_dir()
+            ),
             key=lambda p: p.stat().st_mtime,
         )
         return cls(found[-1]) if found else None

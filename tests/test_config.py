@@ -169,3 +169,18 @@ def test_parse_size(text, total, expected):
 def test_parse_size_errors(text, total, message):
     with pytest.raises(ConfigError, match=message):
         parse_size(text, total)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("cluster.threads_per_worker=0", r"'cluster\.threads_per_worker' must be >= 1"),
+        ("plan.q=0", r"'plan\.q' must be >= 1"),
+        ("model.regularization=0", r"'model\.regularization' must be > 0"),
+        ("model.factors=0", r"'model\.factors' must be >= 1"),
+        ("data.test_fraction=1", r"'data\.test_fraction' must be < 1"),
+    ],
+)
+def test_out_of_range_values_are_config_errors(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=[override])

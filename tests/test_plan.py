@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cumf_dask.config import HalfStepPlan, PlanConfig
-from cumf_dask.errors import PlanError
+from cumf_dask.errors import ConfigError, PlanError
 from cumf_dask.plan import balanced_bounds, make_plan
 
 GB = 10**9
@@ -49,7 +49,7 @@ def test_forced_values_and_errors():
     assert (plan.x.p, plan.x.q, plan.theta.p, plan.theta.q) == (2, 3, 2, 3)
     with pytest.raises(PlanError, match="no partition fits"):
         _plan(100_000, 100_000, 10**7, 8192, 1, 10**8)  # one row of A is 268 MB
-    with pytest.raises(PlanError, match=r"plan\.groups"):
+    with pytest.raises(ConfigError, match=r"plan\.groups"):
         _plan(1000, 500, 20_000, 8, 2, GB, groups=[[0], [0]])
     with pytest.raises(PlanError, match="resident"):
         _plan(1_000_000, 1000, 100_000_000, 10, 1, GB, resident=True)

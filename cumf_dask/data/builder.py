@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import zarr
 
+from ..config import DuplicatePolicy
 from ..errors import IngestError, StoreError
 from .store import (
     _GROUPS,
@@ -40,7 +41,6 @@ from .store import (
 )
 
 BandKind = Literal["row", "col", "test"]
-DuplicatePolicy = Literal["error", "last", "mean"]
 
 
 # ----------------------------------------------------------------------------- split
@@ -49,8 +49,10 @@ DuplicatePolicy = Literal["error", "last", "mean"]
 def split_mask(row: np.ndarray, col: np.ndarray, fraction: float, seed: int) -> np.ndarray:
     """True for ratings held out for testing: a hash of (row, col, seed) below `fraction`.
 
-    Depends only on the pair and the seed, never on order or chunking, so the same input
-    splits the same way however it is read; repeated pairs fall on the same side.
+    Depends only on the (dense) pair and the seed, not on chunking, so the same input splits
+    the same way however it is read; repeated pairs fall on the same side. With mapped ids
+    the dense indices follow the order ids first appear, so reordering the input can move
+    pairs between sides.
     """
     if fraction <= 0:
         return np.zeros(row.shape, bool)
@@ -205,7 +207,7 @@ def transpose_band(url: str, band: int) -> dict[str, float]:
     t_rows = store.tile_rows
     rows, cols, vals = [], [], []
     for a in range(store.n_row_tiles):
-        loc, col, val, _ = store.read_band("row", a, (band, band + 1))
+        loc, col, val = store.read_band("row", a, (band, band + 1))
         rows.append(loc.astype(np.int64) + a * t_rows)
         cols.append(col.astype(np.int64))
         vals.append(val)

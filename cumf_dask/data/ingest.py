@@ -34,15 +34,11 @@ from os import PathLike
 from typing import Any
 
 import numpy as np
+import pandas as pd  # a core dependency: chunked, C-speed text parsing
 
-try:
-    import pandas as pd
-except ImportError as exc:  # pragma: no cover - pandas comes with the `io` extra
-    raise ImportError("ingestion needs pandas: pip install 'cumf-dask[io]'") from exc
-
-from ..config import DataConfig
+from ..config import DataConfig, DuplicatePolicy
 from ..errors import IngestError
-from .builder import DuplicatePolicy, StoreBuilder
+from .builder import StoreBuilder
 from .readers import (
     Chunk,
     Column,

@@ -27,7 +27,6 @@ A store is marked ``complete`` only by its last write: an interrupted build neve
 from __future__ import annotations
 
 import math
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -66,10 +65,6 @@ class Block:
     @property
     def nnz(self) -> int:
         return int(self.values.shape[0])
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.indptr.nbytes + self.indices.nbytes + self.values.nbytes)
 
 
 def normalize_url(url: Any) -> str:
@@ -254,8 +249,8 @@ class RatingsStore:
     # ------------------------------------------------------------------ reading
     def read_band(
         self, orient: Orientation | Literal["test"], band: int, tiles: tuple[int, int] | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(major_local, minor, val, ptr) of one band, optionally only tiles [t0, t1)."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(major_local, minor, val) of one band, optionally only its tiles [t0, t1)."""
         group = self._group
         path = f"{_GROUPS[orient]}/{band}"
         try:
@@ -273,13 +268,11 @@ class RatingsStore:
         t0, t1 = tiles if tiles is not None else (0, len(ptr) - 1)
         lo, hi = int(ptr[t0]), int(ptr[t1])
         if hi == lo:
-            empty_i = np.zeros(0, np.int32)
-            return empty_i, np.zeros(0, sub["minor"].dtype), np.zeros(0, np.float32), ptr
+            return np.zeros(0, np.int32), np.zeros(0, sub["minor"].dtype), np.zeros(0, np.float32)
         return (
             np.asarray(sub["major"][lo:hi]),
             np.asarray(sub["minor"][lo:hi]),
             np.asarray(sub["val"][lo:hi]),
-            ptr[t0 : t1 + 1] - lo,
         )
 
     def read_coo(
@@ -301,7 +294,7 @@ class RatingsStore:
         out_r, out_c, out_v = [], [], []
         for band in range(r0 // t_major, min(-(-r1 // t_major), math.ceil(n_major / t_major))):
             tiles = (c0 // t_minor, max(c0 // t_minor, -(-c1 // t_minor)))
-            loc, col, val, _ = self.read_band(orient, band, tiles)
+            loc, col, val = self.read_band(orient, band, tiles)
             row = loc.astype(np.int64) + band * t_major
             keep = (row >= r0) & (row < r1) & (col >= c0) & (col < c1)
             if not keep.all():
@@ -325,17 +318,17 @@ class RatingsStore:
     def rows_block(self, rows: np.ndarray) -> Block:
         """The training ratings of arbitrary rows (in the given order) over all columns.
 
-        Reads the rows' span once when they are close together, else row by row.
+        Each row band that holds a requested row is read once.
         """
         rows = np.asarray(rows, np.int64)
         if rows.size == 0:
             return coo_to_block(rows, rows, np.zeros(0, np.float32), 0, 0, 0, self.n)
-        lo, hi = int(rows.min()), int(rows.max()) + 1
-        if hi - lo <= 64 * rows.size:
-            r, c, v = self.read_coo("row", (lo, hi))
-            spans = [(r, c, v)]
-        else:
-            spans = [self.read_coo("row", (int(u), int(u) + 1)) for u in np.unique(rows)]
+        t_rows = self.tile_rows
+        spans = []
+        for band in np.unique(rows // t_rows):
+            loc, c, v = self.read_band("row", int(band))
+            r = loc.astype(np.int64) + int(band) * t_rows
+            spans.append((r, c, v))
         r = np.concatenate([s[0] for s in spans])
         c = np.concatenate([s[1] for s in spans])
         v = np.concatenate([s[2] for s in spans])
@@ -353,7 +346,7 @@ class RatingsStore:
         base = "row" if orient == "test" else orient
         t_major = self.tile_size(base)[0]
         for band in range(len(self.band_nnz(orient))):
-            loc, col, val, _ = self.read_band(orient, band)
+            loc, col, val = self.read_band(orient, band)
             yield loc.astype(np.int64) + band * t_major, col.astype(np.int64), val
 
 
@@ -397,12 +390,3 @@ def take_rows(block: Block, idx: np.ndarray) -> Block:
         int(idx.size),
         block.n_cols,
     )
-
-
-def remove_store(url: str) -> None:
-    """Delete a local store folder (used before an overwrite)."""
-    from pathlib import Path
-
-    path = Path(url)
-    if path.exists():
-        shutil.rmtree(path)

@@ -47,9 +47,6 @@ class Factor:
     placed: dict[Any, Future] = field(default_factory=dict)  # gathered copies, by (plan, worker)
     version: str = field(default_factory=lambda: uuid.uuid4().hex[:6])  # unique in task keys
 
-    def futures(self) -> list[Future]:
-        return [fut for _, _, fut in self.pieces]
-
 
 def even_bounds(n: int, parts: int) -> list[int]:
     parts = max(1, min(parts, n))

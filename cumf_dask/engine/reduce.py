@@ -45,7 +45,6 @@ def reduce_slices(
         inputs.append(
             engine.client.submit(
                 tasks.sum_partials,
-                engine.backend,
                 *mine,
                 key=f"reduce-group{g}-{h.label}-{tag}-{engine.run}",
                 workers=[engine.workers[home]],

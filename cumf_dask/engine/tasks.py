@@ -71,7 +71,7 @@ def hermitian_slices(
     return [(packed[a:b], B[a:b]) for a, b in slices]
 
 
-def sum_partials(backend: str, *partials: tuple[Any, Any]) -> tuple[Any, Any]:
+def sum_partials(*partials: tuple[Any, Any]) -> tuple[Any, Any]:
     """Elementwise sum of packed partial (A, B) pairs (a reduction step)."""
     A = partials[0][0].copy()
     B = partials[0][1].copy()
@@ -84,7 +84,7 @@ def sum_partials(backend: str, *partials: tuple[Any, Any]) -> tuple[Any, Any]:
 def reduce_solve(counts: Any, lam: float, f: int, backend: str, *partials: tuple[Any, Any]) -> Any:
     """Final reduction of one slice, then the weighted-lambda solve."""
     be = get_backend(backend)
-    A, B = sum_partials(backend, *partials)
+    A, B = sum_partials(*partials)
     return be.solve(be.unpack(A, f), B, counts, lam)
 
 
