@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from cumf_dask.config import GenerateConfig
-from cumf_dask.data.synthetic import generate, resolve_shape
+from cumf_dask.data.planted import resolve_shape
+from cumf_dask.data.synthetic import generate
 
 
 def describe_device(gpu: bool) -> str:

@@ -59,7 +59,7 @@ def _check_reuse(config: Config, store: RatingsStore) -> None:
         return  # an ingested store is reused as it is (the log line says how to rebuild)
     from dataclasses import fields
 
-    from .data.synthetic import PlantedModel
+    from .data.planted import PlantedModel
 
     model = PlantedModel.from_config(data.generate)
     want = {f.name: getattr(model, f.name) for f in fields(model)}
@@ -88,7 +88,7 @@ def plan_for(
         if config.data.source == "store":
             raise
         if config.data.source == "generate":
-            from .data.synthetic import resolve_shape
+            from .data.planted import resolve_shape
 
             m, n, total = resolve_shape(config.data.generate)
             nnz = int(total * (1 - config.data.test_fraction))

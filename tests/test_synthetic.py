@@ -11,8 +11,9 @@ from distributed import Client, LocalCluster
 
 from cumf_dask.config import GenerateConfig
 from cumf_dask.data import synthetic
+from cumf_dask.data.planted import PRESETS, PlantedModel, resolve_shape
 from cumf_dask.data.store import RatingsStore
-from cumf_dask.data.synthetic import PRESETS, PlantedModel, generate, resolve_shape
+from cumf_dask.data.synthetic import generate
 from cumf_dask.errors import ConfigError, StoreError
 
 SMALL = GenerateConfig(m=2000, n=300, nnz=40_000, rank=4, noise=0.3, seed=7)
