@@ -181,8 +181,8 @@ class ALS:
         start = 0
         checkpointer = Checkpointer(self.checkpoint_dir) if self.checkpoint_dir else None
         spread = even_bounds(store.n, len(workers))
-        theta = engine.initial(store.n, self.factors, self.seed, spread)
         X: Factor | None = None
+        theta: Factor | None = None
         if resume:
             if checkpointer is None:
                 raise ConfigError("fit(resume=True) needs checkpoint_dir (output.checkpoint)")
@@ -192,6 +192,8 @@ class ALS:
                 self._check_checkpoint(attrs, store)
                 theta = engine.from_host(arrays["item_factors"], spread)
                 self.metrics_ = list(attrs.get("metrics", []))
+        if theta is None:
+            theta = engine.initial(store.n, self.factors, self.seed, spread)
         began = time.perf_counter()
         for it in range(start + 1, self.iterations + 1):
             t0 = time.perf_counter()

@@ -29,10 +29,9 @@ def ratings():
     return random_ratings(M, N, 0.15, seed=31, empty_rows=[5], empty_cols=[9], skew=0.6)
 
 
-@pytest.mark.parametrize("tiles", [(4, 3), (32, 16), (M, N), (1000, 1000)])
-def test_round_trip_both_orientations(tmp_path, ratings, tiles):
+def tiled_store(tmp_path, ratings, tiles):
     rows, cols, vals = ratings
-    store = build_store(
+    return build_store(
         str(tmp_path / "s.zarr"),
         rows,
         cols,
@@ -41,6 +40,12 @@ def test_round_trip_both_orientations(tmp_path, ratings, tiles):
         tile_rows=tiles[0],
         tile_cols=tiles[1],
     )
+
+
+@pytest.mark.parametrize("tiles", [(4, 3), (32, 16), (M, N), (1000, 1000)])
+def test_round_trip_both_orientations(tmp_path, ratings, tiles):
+    rows, cols, vals = ratings
+    store = tiled_store(tmp_path, ratings, tiles)
     want = dense(rows, cols, vals, (M, N))
     r, c, v = store.read_coo("row")
     np.testing.assert_array_equal(dense(r, c, v, (M, N)), want)
@@ -56,15 +61,7 @@ def test_round_trip_both_orientations(tmp_path, ratings, tiles):
 @pytest.mark.parametrize("tiles", [(7, 3), (1000, 1000)])
 def test_blocks_are_exact_submatrices(tmp_path, ratings, tiles):
     rows, cols, vals = ratings
-    store = build_store(
-        str(tmp_path / "s.zarr"),
-        rows,
-        cols,
-        vals,
-        shape=(M, N),
-        tile_rows=tiles[0],
-        tile_cols=tiles[1],
-    )
+    store = tiled_store(tmp_path, ratings, tiles)
     want = dense(rows, cols, vals, (M, N))
     for (r0, r1), (c0, c1) in [((0, M), (0, N)), ((3, 50), (11, 12)), ((100, 130), (0, 33))]:
         block = store.read_block("row", (r0, r1), (c0, c1))
