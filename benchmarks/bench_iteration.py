@@ -53,7 +53,9 @@ def get_store(args: argparse.Namespace) -> RatingsStore:
         rating_max=5,
         seed=1,
     )
-    label = args.preset or f"{args.m}x{args.n}-{args.nnz}"
+    label = args.preset or f"{args.m}x{args.n}"
+    if args.nnz:  # a store of another size is another file
+        label += f"-{args.nnz}"
     url = str(Path(args.data) / f"bench-{label}-scale{args.scale:g}.zarr")
     try:
         return RatingsStore.open(url)

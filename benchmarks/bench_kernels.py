@@ -9,7 +9,7 @@ In one process, with CUDA events (warm-up first, median of repeats) on fresh ran
 * solve: own batched Cholesky vs cuSOLVER potrf/potrsBatched (``cupyx.lapack.posv``, which
   also copies A once) vs ``cupy.linalg.solve`` (batched LU), f = 10..256, with the error
   against a float64 solve;
-* hermitian and fused update on synthetic blocks with the shape and skewed degrees of
+* hermitian (A, B stored) and fused update on synthetic blocks with the shape and skewed degrees of
   Netflix (480,189 x 17,770, 99M ratings), YahooMusic (1,000,990 x 624,961, 253M) and a
   Hugewiki slice (2M of its 50M users x 39,780 items, 62 ratings per user), f = 100, for the
   X side (users' rows, Theta fixed) and the Theta side (items' rows, X fixed). Degrees are
@@ -22,7 +22,9 @@ In one process, with CUDA events (warm-up first, median of repeats) on fresh ran
   unrounded factor.
 
 Hermitian work is counted as f(f+1)/2 multiply-adds per rating (the lower triangle of
-theta theta^T; B's f per rating not counted), i.e. nnz * f * (f + 1) flop.
+theta theta^T; B's f per rating not counted), i.e. nnz * f * (f + 1) flop. The Gram stage
+inside the fused update (A never stored) is timed by difference: the rows the fused kernel
+takes, as they are, minus the same rows with one rating each (same Cholesky).
 """
 
 from __future__ import annotations
@@ -177,6 +179,35 @@ def sub_block(block: Block, rows: np.ndarray) -> Block:
                  0, 0, rows.size, block.n_cols)  # fmt: skip
 
 
+def rows_block(block: Block, rows, first_only: bool = False) -> Block:
+    """Device CSR of some rows of a device block (all columns); with first_only, each row
+    keeps just its first rating."""
+    lo = block.indptr[rows]
+    deg = cp.ones_like(lo) if first_only else block.indptr[rows + 1] - lo
+    ptr = cp.concatenate([cp.zeros(1, cp.int64), cp.cumsum(deg)])
+    pos = cp.arange(int(ptr[-1]), dtype=cp.int64)
+    owner = cp.searchsorted(ptr, pos, side="right") - 1
+    take = lo[owner] + pos - ptr[owner]
+    return Block(ptr, block.indices[take], block.values[take], 0, 0, rows.size, block.n_cols)
+
+
+def fused_gram(be: CupyBackend, block: Block, fixed) -> dict[str, float]:
+    """The Gram stage inside the fused update, by difference: the rows the fused kernel
+    takes (up to long_row ratings) updated as they are, minus the same rows with one
+    rating each (the same Cholesky and per-row work, almost no Gram)."""
+    deg = cp.diff(block.indptr)
+    rows = cp.flatnonzero((deg > 0) & (deg <= be.long_row))
+    whole, single = rows_block(block, rows), rows_block(block, rows, first_only=True)
+    counts = deg[rows]
+    t_whole = timeit(lambda: be.update(whole, fixed, counts, LAM))["median"]
+    t_single = timeit(lambda: be.update(single, fixed, counts, LAM))["median"]
+    f = fixed.shape[1]
+    gram_s = t_whole - t_single
+    return {"rows": int(rows.size), "nnz": whole.nnz, "update_s": t_whole,
+            "one_rating_s": t_single, "gram_s": gram_s,
+            "gram_TFLOPs": (whole.nnz - rows.size) * f * (f + 1) / gram_s / 1e12}  # fmt: skip
+
+
 def check_rows(X, block: Block, fixed, n_sample: int, rng, precision: str) -> dict[str, float]:
     """Relative differences on sampled rows (the 3 heaviest included): GPU vs the NumPy
     backend at the same precision, GPU vs a float64 solve from the float32 factor, NumPy
@@ -213,6 +244,7 @@ def bench_side(block: Block, fixed, precision: str, variants: bool, n_sample: in
     t = timeit(lambda b=block, x=stored, c=counts: be.update(b, x, c, LAM))
     r["update_s"], r["update_spread"] = t["median"], (t["min"], t["max"])
     r["update_TFLOPs"] = flop / t["median"] / 1e12
+    r["fused"] = fused_gram(be, block, stored)
     if variants:
         for key, other in (
             ("update_threads576_s", CupyBackend(threads_per_sm=576)),
@@ -324,18 +356,19 @@ def main() -> None:
     for s in results["solve"]:
         print(f"| {s['f']} | {s['systems']} | {s['ours_per_s']:.3g} | {s['cusolver_per_s']:.3g} "
               f"| {s['cupy_solve_per_s']:.3g} | {s['err_ours']:.1e} |")  # fmt: skip
-    print("| shape | side | precision | nnz | update s | prepare s | update TFLOP/s "
-          "| hermitian TFLOP/s | err vs NumPy | err vs f64 (NumPy's) |")  # fmt: skip
+    print("| shape | side | precision | nnz | update s | prepare s | update TFLOP/s | hermitian "
+          "TFLOP/s | fused Gram TFLOP/s | err vs NumPy | err vs f64 (NumPy's) |")  # fmt: skip
     for res in results["shapes"]:
         for side in ("X", "Theta"):
             for p, r in res[side].items():
                 err = r["err"]
                 print(f"| {res['shape']} | {side} | {p} | {r['nnz']} | {r['update_s']:.4f} "
                       f"| {r['prepare_s']:.4f} | {r['update_TFLOPs']:.1f} "
-                      f"| {r['hermitian_TFLOPs']:.1f} | {err['gpu_vs_numpy']:.1e} "
+                      f"| {r['hermitian_TFLOPs']:.1f} | {r['fused']['gram_TFLOPs']:.1f} "
+                      f"| {err['gpu_vs_numpy']:.1e} "
                       f"| {err['gpu_vs_f64']:.1e} ({err['numpy_vs_f64']:.1e}) |")  # fmt: skip
         for p, t in res["iteration_s"].items():
-            print(f"| {res['shape']} | iteration (both updates) | {p} | | {t:.4f} | | | | | |")
+            print(f"| {res['shape']} | iteration (both updates) | {p} | | {t:.4f} | | | | | | |")
 
 
 if __name__ == "__main__":

@@ -125,6 +125,22 @@ def test_rows_without_counts_or_ratings_are_zero(gpu):
     assert np.isfinite(X).all() and (np.abs(X[6:]).sum(axis=1) > 0).all()
 
 
+def test_hermitian_zeroes_unrated_rows_in_reused_memory(gpu, cpu):
+    """A, B come from uninitialized memory: rows without ratings must still read zero."""
+    import cupy
+
+    m, n, f = 64, 80, 24
+    _, _, _, block, fixed = _problem(m, n, f, 0.2, 17, empty_rows=[0, 7, 63])
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    dirty = cupy.full(m * f * f + m * f + 4096, np.nan, cupy.float32)
+    del dirty  # its blocks go back to the pool, NaN-filled
+    A, B = (gpu.to_host(a) for a in gpu.hermitian(gpu.block_to_device(block), gpu.asarray(fixed)))
+    A0, B0 = cpu.hermitian(block, fixed)
+    assert (_lower(A)[[0, 7, 63]] == 0).all() and (B[[0, 7, 63]] == 0).all()
+    assert rel_err(_lower(A), _lower(A0)) < 1e-5 and rel_err(B, B0) < 1e-5
+
+
 @pytest.mark.parametrize(
     ("f", "long_row"),
     [(1, 4096), (7, 4096), (16, 37), (33, 4096), (100, 4096), (100, 37), (256, 4096), (300, 4096)],

@@ -9,9 +9,10 @@ and B (row f), and the Cholesky factor of that extended matrix carries the forwa
 
 * ``hermitian``: one thread block per row segment; each thread owns one 8 x 8 tile of
   the lower triangle in registers; fixed-factor rows staged through shared memory in
-  bins (double-buffered ``cp.async``). Rows longer than ``long_row`` ratings are cut into
-  segments whose partial tiles are summed with atomics, so a heavy item never serializes
-  on one block.
+  bins (``cp.async`` one bin ahead of the arithmetic). Rows longer than ``long_row``
+  ratings are cut into segments whose partial tiles are summed with atomics, so a heavy
+  item never serializes on one block. Only rows without ratings and split rows are zeroed
+  first: the others are stored whole.
 * ``solve``: own batched Cholesky, one block per system (several small systems per block
   for f <= 40), the matrix held as register tiles (right-looking tiled factorization,
   panels through shared memory). It beat cuSOLVER ``potrfBatched``/``potrsBatched`` and
@@ -46,7 +47,7 @@ cp = import_cupy()
 
 TILE = 8  # register tile edge (kernels' TILE)
 MAX_FUSED_F = 256  # f up to this: fused update and own solve (one register tile per thread)
-MAX_F = 2032  # F <= 2040: the float32 Gram bins (two of 2+ rows) fit 48 KB of static shared memory
+MAX_F = 2032  # F <= 2040: the Gram bins (float32: three of 1+ rows) fit 48 KB of shared memory
 MAX_THREADS = 576  # one tile per thread up to F = 264 (33 x 34 / 2 = 561 tiles)
 BATCH_BYTES = 1 << 30  # A of a row batch when rows go through hermitian + solve
 THREADS_PER_SM = 480  # kernels' register cap: this many resident threads per SM
@@ -129,15 +130,12 @@ def bfloat16_rows(fixed: Any) -> Any:
     return rows[:, :f]
 
 
-def _segments(indptr: Any, rows: Any, split: int) -> tuple[Any, Any, Any]:
-    """(owner, lo, hi): rows cut into segments of at most `split` ratings; owner indexes rows."""
-    lo, hi = indptr[rows], indptr[rows + 1]
+def _segments(lo: Any, hi: Any, split: int) -> tuple[Any, Any, Any]:
+    """(owner, seg_lo, seg_hi): rating ranges [lo, hi) cut into segments of at most `split`
+    ratings; owner indexes the ranges."""
     nseg = (hi - lo + split - 1) // split
     ends = cp.cumsum(nseg)
-    total = int(ends[-1])
-    if total == rows.size:
-        return cp.arange(rows.size, dtype=cp.int32), lo, hi
-    seg = cp.arange(total, dtype=cp.int64)
+    seg = cp.arange(int(ends[-1]), dtype=cp.int64)
     owner = cp.searchsorted(ends, seg, side="right")
     seg_lo = lo[owner] + (seg - (ends[owner] - nseg[owner])) * split
     return owner.astype(cp.int32), seg_lo, cp.minimum(seg_lo + split, hi[owner])
@@ -208,17 +206,26 @@ class CupyBackend(Backend):
         return fixed, np.int32(vec)
 
     def _gram(self, csr: tuple, fixed: Any, vec: np.int32, rows: Any, out: Any, A: Any, B: Any):
-        """Add the Gram of `rows` into A[out], B[out] (zeroed), splitting long rows."""
+        """A[out], B[out] = the Gram of `rows` (each with ratings). Rows of up to long_row
+        ratings are stored whole; longer ones are zeroed, then cut into segments on several
+        blocks whose partial tiles are added with atomics."""
         indptr, indices, values = csr
         f = fixed.shape[1]
-        owner, lo, hi = _segments(indptr, rows, self.long_row)
         threads, groups = launch_shape(padded_size(f))
-        atomic = np.int32(owner.size > rows.size)
-        self._kernels(f, _ELEMENT[fixed.dtype])["hermitian"](
-            (owner.size, groups),
-            (threads,),
-            (indices, values, fixed, np.int32(f), vec, out[owner], lo, hi, atomic, A, B),
-        )
+        kernel = self._kernels(f, _ELEMENT[fixed.dtype])["hermitian"]
+        lo, hi = indptr[rows], indptr[rows + 1]
+        split = hi - lo > self.long_row
+        short, long = cp.flatnonzero(~split), cp.flatnonzero(split)
+        launches = [(out[short], lo[short], hi[short], np.int32(0))]
+        if long.size:
+            A[out[long]] = 0
+            B[out[long]] = 0
+            owner, seg_lo, seg_hi = _segments(lo[long], hi[long], self.long_row)
+            launches.append((out[long][owner], seg_lo, seg_hi, np.int32(1)))
+        for seg_out, seg_lo, seg_hi, atomic in launches:
+            if seg_out.size:
+                args = (indices, values, fixed, np.int32(f), vec, seg_out.astype(cp.int32))
+                kernel((seg_out.size, groups), (threads,), (*args, seg_lo, seg_hi, atomic, A, B))
 
     def _solve_all(self, A: Any, B: Any, counts: Any, lam: float, X: Any) -> None:
         """X = (A + lam * counts I)^-1 B row by row (A's lower triangle), 0 where counts == 0.
@@ -251,9 +258,15 @@ class CupyBackend(Backend):
             fixed, vec = self._factor(fixed)
             f = fixed.shape[1]
             csr = self._csr(block)
-            A = cp.zeros((block.n_rows, f, f), cp.float32)
-            B = cp.zeros((block.n_rows, f), cp.float32)
-            rows = cp.flatnonzero(cp.diff(csr[0]) > 0).astype(cp.int32)
+            # Rows with ratings are stored by _gram; only the others need zeros.
+            A = cp.empty((block.n_rows, f, f), cp.float32)
+            B = cp.empty((block.n_rows, f), cp.float32)
+            degree = cp.diff(csr[0])
+            empty = cp.flatnonzero(degree == 0)
+            if empty.size:
+                A[empty] = 0
+                B[empty] = 0
+            rows = cp.flatnonzero(degree > 0).astype(cp.int32)
             if rows.size:
                 self._gram(csr, fixed, vec, rows, rows, A, B)
             return A, B
@@ -294,8 +307,8 @@ class CupyBackend(Backend):
             for lo in range(0, rest.size, step):
                 rows = rest[lo : lo + step]
                 local = cp.arange(rows.size, dtype=cp.int32)
-                A = cp.zeros((rows.size, f, f), cp.float32)
-                B = cp.zeros((rows.size, f), cp.float32)
+                A = cp.empty((rows.size, f, f), cp.float32)
+                B = cp.empty((rows.size, f), cp.float32)
                 self._gram(csr, fixed, vec, rows, local, A, B)
                 Xb = cp.empty((rows.size, f), cp.float32)
                 self._solve_all(A, B, counts[rows], lam, Xb)

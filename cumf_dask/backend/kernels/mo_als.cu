@@ -9,7 +9,8 @@
 // B_u = sum r_uv theta_v in its row f. The F x F lower triangle is cut into 8 x 8 tiles,
 // one tile per thread, accumulated in 64 registers (fully unrolled loops: no dynamically
 // indexed register arrays). The g_v rows are staged in shared memory in bins of BIN rows
-// (cuMF's "bin"), double-buffered with cp.async, 16-byte copies when f % 4 == 0. In a bin
+// (cuMF's "bin"), filled by cp.async one bin ahead of the arithmetic (three float32 bins in
+// rotation, so one barrier per bin), 16-byte copies when f % 4 == 0. In a bin
 // row each 8-float tile chunk takes 12 floats (48 bytes): the 16-byte reads of a warp's
 // threads, which start at different chunks, then fall in different banks. The Gram kernels
 // take the fixed factor as float32 or bfloat16 (template T, see Bins): bfloat16 rows are
@@ -37,7 +38,8 @@ struct Cfg {
     static constexpr int NTRI = NTILE * (NTILE + 1) / 2;  // tiles in the lower triangle
     static constexpr int ROW = NTILE * CHUNK;             // floats per bin row
     static constexpr int BIN0 = 3840 / ROW;               // about 30 KB for two bins
-    static constexpr int BIN = BIN0 > 32 ? 32 : (BIN0 < 2 ? 2 : BIN0);  // rows per bin
+    static constexpr int BIN = BIN0 > 32 ? 32 : (BIN0 < 2 ? 2 : BIN0);  // rows per bin (bf16)
+    static constexpr int BIN3 = 3072 / ROW < 1 ? 1 : 3072 / ROW;  // float32: 36 KB for three
     static constexpr int QUADS = F / 4;                   // 16-byte pieces of a row
     static constexpr int SYS = NTRI < 32 ? 32 / NTRI : 1; // systems per solve_kernel block
 };
@@ -93,6 +95,9 @@ __device__ __forceinline__ void tile_of(int t, int ntile, int& ib, int& jb) {
 }
 
 // Bins of extended rows g_v for gram(), by the element type T of the fixed factor:
+//   BIN, NBUF               rows per bin, buffers (bins staged round robin);
+//   END_BARRIER             whether gram() needs a barrier after computing each bin before
+//                           the next ready() (false when NBUF >= 3 float bins rotate);
 //   init()                  once per block, before the first stage;
 //   stage(buf, e0, nk)      issue the cp.async copies of ratings [e0, e0 + nk) into buffer buf;
 //   ready(buf, nk)          after this thread's copies of buf completed: the float bin of
@@ -100,14 +105,18 @@ __device__ __forceinline__ void tile_of(int t, int ntile, int& ib, int& jb) {
 template <int F, int NT, typename T>
 struct Bins;
 
-// float32 rows: two float bins filled directly by cp.async (double-buffered). With vec,
+// float32 rows: three float bins filled directly by cp.async: bin b + 1 is staged into the
+// buffer read for bin b - 2, which every thread finished before the barrier of bin b - 1, so
+// one barrier per bin suffices. With vec,
 // thread t copies the 16-byte pieces c = t, t + NT, ... of the bin (row c / QUADS): a
 // fixed, unrolled pattern whose column indices are all loaded before the first copy is
 // issued. The padding after the rating column is zeroed once (init) and never copied into.
 template <int F, int NT>
 struct Bins<F, NT, float> {
-    static constexpr int BIN = Cfg<F>::BIN, ROW = Cfg<F>::ROW, QUADS = Cfg<F>::QUADS;
-    static constexpr int BYTES = 2 * BIN * ROW * 4;
+    static constexpr int BIN = Cfg<F>::BIN3, ROW = Cfg<F>::ROW, QUADS = Cfg<F>::QUADS;
+    static constexpr int NBUF = 3;
+    static constexpr bool END_BARRIER = false;
+    static constexpr int BYTES = NBUF * BIN * ROW * 4;
     float* bins;
     const int* __restrict__ idx;
     const float* __restrict__ val;
@@ -117,7 +126,7 @@ struct Bins<F, NT, float> {
 
     __device__ __forceinline__ void init() {
         const int npad = F - f - 1;  // columns after the rating column
-        for (int c = threadIdx.x; c < 2 * BIN * npad; c += NT)
+        for (int c = threadIdx.x; c < NBUF * BIN * npad; c += NT)
             bins[(c / npad) * ROW + bin_col(f + 1 + c % npad)] = 0.0f;
     }
 
@@ -162,6 +171,8 @@ struct Bins<F, NT, float> {
 template <int F, int NT>
 struct Bins<F, NT, bf16> {
     static constexpr int BIN = Cfg<F>::BIN, ROW = Cfg<F>::ROW, PIECES = F / TILE;
+    static constexpr int NBUF = 2;
+    static constexpr bool END_BARRIER = true;  // one float bin, rewritten by every ready()
     static constexpr int ITERS = (BIN * PIECES + NT - 1) / NT;
     static constexpr int STAGE = (BIN * F * 2 + BIN * 4 + 15) / 16 * 16;  // bf16 rows, ratings
     static constexpr int BYTES = BIN * ROW * 4 + 2 * STAGE;
@@ -224,30 +235,33 @@ struct Bins<F, NT, bf16> {
 
 // acc = this thread's tile (8 ib, 8 jb) of sum g_v g_v^T over ratings [lo, hi) of one row.
 // `smem` holds Bins<F, NT, T>::BYTES. Ends with a barrier, so the caller may reuse it at once.
+// The copies of bin b + 1 are in flight while bin b is computed.
 template <int F, int NT, typename T>
 __device__ __forceinline__ void gram(float (&acc)[TILE][TILE], void* smem,
                                      const int* __restrict__ idx, const float* __restrict__ val,
                                      const T* __restrict__ fixed, int f, bool vec,
                                      long long lo, long long hi, int i0, int j0, bool active) {
-    constexpr int BIN = Cfg<F>::BIN, ROW = Cfg<F>::ROW;
+    using Bin = Bins<F, NT, T>;
+    constexpr int BIN = Bin::BIN, NBUF = Bin::NBUF, ROW = Cfg<F>::ROW;
 #pragma unroll
     for (int r = 0; r < TILE; ++r)
 #pragma unroll
         for (int c = 0; c < TILE; ++c) acc[r][c] = 0.0f;
-    Bins<F, NT, T> bins{static_cast<float*>(smem), idx, val, fixed, f, vec};
+    Bin bins{static_cast<float*>(smem), idx, val, fixed, f, vec};
     bins.init();
 
     const int n = (int)(hi - lo);
     const int nbins = (n + BIN - 1) / BIN;
     bins.stage(0, lo, min(BIN, n));
     cp_async_commit();
-    for (int b = 0; b < nbins; ++b) {
-        const int next = (b + 1) * BIN;
-        if (next < n) bins.stage((b + 1) & 1, lo + next, min(BIN, n - next));
+    for (int b = 0, buf = 0; b < nbins; ++b) {
+        const int next = (b + 1) * BIN, nbuf = buf + 1 == NBUF ? 0 : buf + 1;
+        if (next < n) bins.stage(nbuf, lo + next, min(BIN, n - next));
         cp_async_commit();
         cp_async_wait_prior1();
         const int nk = min(BIN, n - b * BIN);
-        const float* bin = bins.ready(b & 1, nk);
+        const float* bin = bins.ready(buf, nk);
+        buf = nbuf;
         __syncthreads();
         if (active) {
             const float* sa = bin + (i0 / TILE) * CHUNK;
@@ -266,8 +280,9 @@ __device__ __forceinline__ void gram(float (&acc)[TILE][TILE], void* smem,
                     for (int c = 0; c < TILE; ++c) acc[r][c] = fmaf(a[r], bb[c], acc[r][c]);
             }
         }
-        __syncthreads();
+        if (Bin::END_BARRIER) __syncthreads();
     }
+    if (!Bin::END_BARRIER) __syncthreads();
 }
 
 // Solve (A + reg I) x = B from the extended Gram held as register tiles (lower triangle,
