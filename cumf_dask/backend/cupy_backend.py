@@ -206,9 +206,9 @@ class CupyBackend(Backend):
         return fixed, np.int32(vec)
 
     def _gram(self, csr: tuple, fixed: Any, vec: np.int32, rows: Any, out: Any, A: Any, B: Any):
-        """A[out], B[out] = the Gram of `rows` (each with ratings). Rows of up to long_row
-        ratings are stored whole; longer ones are zeroed, then cut into segments on several
-        blocks whose partial tiles are added with atomics."""
+        """A[out], B[out] = the Gram of `rows` (each with ratings; `out` int32). Rows of up to
+        long_row ratings are stored whole; longer ones are zeroed, then cut into segments on
+        several blocks whose partial tiles are added with atomics."""
         indptr, indices, values = csr
         f = fixed.shape[1]
         threads, groups = launch_shape(padded_size(f))
@@ -224,7 +224,7 @@ class CupyBackend(Backend):
             launches.append((out[long][owner], seg_lo, seg_hi, np.int32(1)))
         for seg_out, seg_lo, seg_hi, atomic in launches:
             if seg_out.size:
-                args = (indices, values, fixed, np.int32(f), vec, seg_out.astype(cp.int32))
+                args = (indices, values, fixed, np.int32(f), vec, seg_out)
                 kernel((seg_out.size, groups), (threads,), (*args, seg_lo, seg_hi, atomic, A, B))
 
     def _solve_all(self, A: Any, B: Any, counts: Any, lam: float, X: Any) -> None:

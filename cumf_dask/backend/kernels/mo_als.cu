@@ -94,6 +94,18 @@ __device__ __forceinline__ void tile_of(int t, int ntile, int& ib, int& jb) {
     ib = jb + t - i * (i + 1) / 2;
 }
 
+// v[it] = the fixed-factor row that copy piece threadIdx.x + it * NT of a bin reads (PER
+// pieces per bin row, ratings [e0, e0 + nk)): all loaded before the first copy is issued.
+template <int ITERS, int NT, int PER>
+__device__ __forceinline__ void load_indices(int (&v)[ITERS], const int* __restrict__ idx,
+                                             long long e0, int nk) {
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int k = (threadIdx.x + it * NT) / PER;
+        v[it] = k < nk ? __ldg(idx + e0 + k) : 0;
+    }
+}
+
 // Bins of extended rows g_v for gram(), by the element type T of the fixed factor:
 //   BIN, NBUF               rows per bin, buffers (bins staged round robin);
 //   END_BARRIER             whether gram() needs a barrier after computing each bin before
@@ -136,11 +148,7 @@ struct Bins<F, NT, float> {
         if (vec) {
             constexpr int ITERS = (BIN * QUADS + NT - 1) / NT;
             int v[ITERS];
-#pragma unroll
-            for (int it = 0; it < ITERS; ++it) {
-                const int k = (threadIdx.x + it * NT) / QUADS;
-                v[it] = k < nk ? __ldg(idx + e0 + k) : 0;
-            }
+            load_indices<ITERS, NT, QUADS>(v, idx, e0, nk);
 #pragma unroll
             for (int it = 0; it < ITERS; ++it) {
                 const int c = threadIdx.x + it * NT;
@@ -193,11 +201,7 @@ struct Bins<F, NT, bf16> {
         const int ld = (f + TILE - 1) / TILE * TILE;  // row stride of the fixed factor
         const unsigned dst = smem_u32(staging(buf));
         int v[ITERS];
-#pragma unroll
-        for (int it = 0; it < ITERS; ++it) {
-            const int k = (threadIdx.x + it * NT) / PIECES;
-            v[it] = k < nk ? __ldg(idx + e0 + k) : 0;
-        }
+        load_indices<ITERS, NT, PIECES>(v, idx, e0, nk);
 #pragma unroll
         for (int it = 0; it < ITERS; ++it) {
             const int c = threadIdx.x + it * NT;
