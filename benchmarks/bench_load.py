@@ -18,7 +18,7 @@ import time
 import numpy as np
 from bench_iteration import get_store
 
-from cumf_dask.data.store import coo_to_block
+from cumf_dask.blocks import coo_to_block
 
 
 def main() -> None:

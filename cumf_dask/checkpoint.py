@@ -19,8 +19,8 @@ import dask.array as da
 import numpy as np
 import zarr
 
-from .data.store import normalize_url
 from .errors import StoreError
+from .paths import local_path
 
 MODEL_FORMAT = "cumf-dask-model"
 CHECKPOINT_FORMAT = "cumf-dask-checkpoint"
@@ -79,17 +79,6 @@ def write_factors(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def local_path(path: str | Path) -> str:
-    """Models and checkpoints live in local (or mounted shared) folders, not at URLs."""
-    text = normalize_url(path)
-    if "://" in text:
-        raise StoreError(
-            f"{text}: models and checkpoints are written to local or mounted folders, not URLs; "
-            "give a path"
-        )
-    return text
 
 
 def read_factors(path: str | Path, expect_format: str = MODEL_FORMAT) -> tuple[dict, dict]:

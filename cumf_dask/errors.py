@@ -1,6 +1,14 @@
-"""The exceptions cumf-dask raises for bad input; each message names the problem and the fix."""
+"""The exceptions cumf-dask raises; each message names the problem and the fix.
+
+Every class is exported from the package (``from cumf_dask import StoreError``). The CLI
+maps them to exit codes: ConfigError and NotFittedError 2, StoreError and IngestError 3,
+PlanError and DeviceMemoryError 4.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class CumfError(Exception):
@@ -8,11 +16,15 @@ class CumfError(Exception):
 
 
 class ConfigError(CumfError, ValueError):
-    """A config file or value is missing, unknown, or of the wrong type."""
+    """A config key or an argument is missing, unknown, of the wrong type or out of range."""
+
+
+class NotFittedError(CumfError, ValueError):
+    """The model is used before ``fit`` or ``ALS.load`` gave it factors (as scikit-learn's)."""
 
 
 class StoreError(CumfError, ValueError):
-    """A rating store is missing, damaged, partial, of another format, or misused."""
+    """A rating store, model or checkpoint is missing, damaged, partial, foreign or misused."""
 
 
 class IngestError(CumfError, ValueError):
@@ -25,3 +37,21 @@ class PlanError(CumfError, ValueError):
 
 class DeviceMemoryError(CumfError, MemoryError):
     """A worker (GPU or CPU) ran out of memory; the message says how to plan smaller."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """MemoryError, or CuPy's (or any framework's) OutOfMemoryError, without importing it."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+
+
+@contextmanager
+def out_of_memory_as(what: str, fix: str) -> Iterator[None]:
+    """Turn running out of memory while doing `what` into one DeviceMemoryError naming `fix`."""
+    try:
+        yield
+    except DeviceMemoryError:
+        raise
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise DeviceMemoryError(f"a worker ran out of memory {what} ({exc}); {fix}") from None

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from cumf_dask.compat import has_cuda
+from cumf_dask.devices import has_cuda
 
 HAS_CUDA = has_cuda()
 BACKENDS = [

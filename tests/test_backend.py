@@ -7,7 +7,7 @@ import pytest
 from conftest import random_ratings, rel_err
 from reference import half_step
 
-from cumf_dask.data.store import coo_to_block
+from cumf_dask.blocks import coo_to_block
 from cumf_dask.factors import init_factor
 
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import random_ratings, rel_err
 from reference import half_step
 
-from cumf_dask.data.store import Block, coo_to_block
+from cumf_dask.blocks import Block, coo_to_block
 from cumf_dask.errors import DeviceMemoryError
 
 pytestmark = pytest.mark.gpu

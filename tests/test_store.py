@@ -11,8 +11,9 @@ import pytest
 import zarr
 from conftest import random_ratings
 
+from cumf_dask.blocks import take_rows
 from cumf_dask.data.builder import StoreBuilder, build_store, resolve_duplicates, split_mask
-from cumf_dask.data.store import RatingsStore, take_rows
+from cumf_dask.data.store import RatingsStore
 from cumf_dask.errors import IngestError, StoreError
 
 M, N = 130, 70
@@ -82,7 +83,7 @@ def test_blocks_are_exact_submatrices(tmp_path, ratings, tiles):
 
 
 def test_take_rows_matches_python(ratings):
-    from cumf_dask.data.store import coo_to_block
+    from cumf_dask.blocks import coo_to_block
 
     rows, cols, vals = ratings
     block = coo_to_block(rows, cols, vals, 0, 0, M, N)

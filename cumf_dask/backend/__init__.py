@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from ..compat import has_cuda
+from ..devices import has_cuda
 from .base import Backend
 
 __all__ = ["PRECISIONS", "Backend", "backend_spec", "get_backend", "resolve_backend_name"]

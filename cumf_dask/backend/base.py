@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..data.store import Block
+from ..blocks import Block
 
 
 class Backend(ABC):

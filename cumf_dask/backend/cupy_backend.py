@@ -30,17 +30,15 @@ and B (row f), and the Cholesky factor of that extended matrix carries the forwa
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..blocks import Block
 from ..compat import import_cupy
-from ..data.store import Block
-from ..errors import DeviceMemoryError
+from ..errors import out_of_memory_as
 from .base import Backend, round_bfloat16
 
 cp = import_cupy()
@@ -53,6 +51,7 @@ BATCH_BYTES = 1 << 30  # A of a row batch when rows go through hermitian + solve
 THREADS_PER_SM = 480  # kernels' register cap: this many resident threads per SM
 LONG_ROW = 4096  # rows with more ratings are split over several blocks (hermitian + solve)
 _SOURCE = Path(__file__).parent / "kernels" / "mo_als.cu"
+_SMALLER = "plan smaller batches (a larger plan.q) so that a block fits the GPU"
 _ELEMENT = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}  # kernels' T by dtype
 
 
@@ -97,18 +96,6 @@ def kernels(
         code=_SOURCE.read_text(), options=("-std=c++17",), name_expressions=list(names.values())
     )
     return {key: module.get_function(name) for key, name in names.items()}
-
-
-@contextmanager
-def _device_memory(what: str) -> Iterator[None]:
-    """Turn CuPy's out-of-memory error into DeviceMemoryError with the fix."""
-    try:
-        yield
-    except cp.cuda.memory.OutOfMemoryError as exc:
-        raise DeviceMemoryError(
-            f"the GPU ran out of memory while {what} ({exc}); plan smaller batches "
-            "(more row batches q, or a smaller block) so that a block fits the GPU"
-        ) from None
 
 
 def bfloat16_rows(fixed: Any) -> Any:
@@ -254,7 +241,7 @@ class CupyBackend(Backend):
 
     # ------------------------------------------------------------------ ALS kernels
     def hermitian(self, block: Block, fixed: Any) -> tuple[Any, Any]:
-        with _device_memory(f"building A, B for a block of {block.n_rows} rows"):
+        with out_of_memory_as(f"building A, B for a block of {block.n_rows} rows", _SMALLER):
             fixed, vec = self._factor(fixed)
             f = fixed.shape[1]
             csr = self._csr(block)
@@ -272,7 +259,7 @@ class CupyBackend(Backend):
             return A, B
 
     def solve(self, A: Any, B: Any, counts: Any, lam: float) -> Any:
-        with _device_memory(f"solving {B.shape[0]} systems"):
+        with out_of_memory_as(f"solving {B.shape[0]} systems", _SMALLER):
             A = cp.ascontiguousarray(cp.asarray(A), dtype=cp.float32)
             B = cp.ascontiguousarray(cp.asarray(B), dtype=cp.float32)
             X = cp.empty(B.shape, cp.float32)
@@ -282,7 +269,7 @@ class CupyBackend(Backend):
 
     def update(self, block: Block, fixed: Any, counts: Any, lam: float) -> Any:
         """Fused hermitian + solve per row; long rows through split hermitian + solve."""
-        with _device_memory(f"updating a block of {block.n_rows} rows"):
+        with out_of_memory_as(f"updating a block of {block.n_rows} rows", _SMALLER):
             fixed, vec = self._factor(fixed)
             f = fixed.shape[1]
             csr = self._csr(block)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..data.store import Block
+from ..blocks import Block
 from .base import Backend
 
 _BUCKET_BYTES = 64 << 20  # gathered (rows, L, f) float32 per batched product

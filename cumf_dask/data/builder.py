@@ -28,6 +28,7 @@ import zarr
 
 from ..config import DuplicatePolicy
 from ..errors import IngestError, StoreError
+from ..paths import normalize_url
 from .store import (
     _GROUPS,
     CHUNK,
@@ -37,7 +38,6 @@ from .store import (
     RatingsStore,
     default_tile,
     index_dtype,
-    normalize_url,
 )
 
 BandKind = Literal["row", "col", "test"]

@@ -25,9 +25,10 @@ from typing import Any, Literal
 import dask
 import numpy as np
 
-from ..compat import has_cuda
 from ..config import GenerateConfig
+from ..devices import has_cuda
 from ..errors import ConfigError
+from ..paths import normalize_url
 from .builder import (
     check_target,
     finish_store,
@@ -39,7 +40,7 @@ from .builder import (
     write_band,
 )
 from .planted import PlantedModel
-from .store import RatingsStore, default_tile, normalize_url
+from .store import RatingsStore, default_tile
 
 Progress = Callable[[str, int, int], None]
 

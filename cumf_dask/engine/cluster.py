@@ -16,11 +16,11 @@ from typing import Any
 from distributed import Client, WorkerPlugin
 
 from ..backend import resolve_backend_name
-from ..compat import cuda_device_count, has_cuda, has_module
+from ..compat import has_module
 from ..config import ClusterConfig, PlanConfig, parse_size
+from ..devices import cuda_device_count, gpu_total_memory, has_cuda, nvml_groups
 from ..errors import ConfigError
 from ..plan import Plan, make_plan
-from .reduce import nvml_groups
 
 # Local workers get one thread more than cluster.threads_per_worker and this many units of
 # the COMPUTE resource: compute tasks take a unit, loads do not, so a worker reads its next
@@ -155,7 +155,7 @@ def worker_addresses(client: Client) -> list[str]:
 def worker_memory(client: Client, backend: str) -> int:
     """The smallest per-worker memory: GPU memory on GPU workers, else the memory limit."""
     if backend == "cupy":
-        sizes = client.run(_gpu_total_memory)
+        sizes = client.run(gpu_total_memory)
         return int(min(sizes.values()))
     info = client.scheduler_info(n_workers=-1)["workers"]
     limits = [int(w.get("memory_limit") or 0) for w in info.values()]
@@ -197,9 +197,3 @@ def plan_on(
     m, n, nnz = shape
     return make_plan(m, n, nnz, factors, workers, budget, *counts, config, backend)
 
-
-def _gpu_total_memory() -> int:
-    import cupy
-
-    _free, total = cupy.cuda.runtime.memGetInfo()
-    return int(total)

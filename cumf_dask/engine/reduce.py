@@ -54,26 +54,3 @@ def reduce_slices(
         )
     return inputs
 
-
-def nvml_groups(n_workers: int) -> list[list[int]] | None:
-    """Groups of GPUs that share a NUMA node, from NVML; None when NVML is absent or flat."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        count = min(n_workers, pynvml.nvmlDeviceGetCount())
-        by_node: dict[int, list[int]] = {}
-        for i in range(count):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            try:
-                node = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
-            except Exception:
-                node = 0
-            by_node.setdefault(node, []).append(i)
-    finally:
-        pynvml.nvmlShutdown()
-    groups = list(by_node.values())
-    return groups if len(groups) > 1 and count == n_workers else None

@@ -11,9 +11,16 @@ from typing import Any
 import numpy as np
 
 from ..backend import get_backend
-from ..data.store import Block, RatingsStore, coo_to_block
-from ..errors import DeviceMemoryError
+from ..blocks import Block, coo_to_block
+from ..data.store import RatingsStore
+from ..errors import out_of_memory_as
 from ..factors import init_factor
+
+_SMALLER = "set plan.q higher (smaller batches) or plan.memory_budget lower, then run again"
+
+
+def _on(block: Block) -> str:
+    return f"on a block of {block.n_rows:,} rows and {block.nnz:,} ratings"
 
 
 def load_block(store: RatingsStore, orient: str, rows: tuple, cols: tuple, backend: str) -> Block:
@@ -56,7 +63,7 @@ def assemble(lo: int, hi: int, backend: str, pieces: list[tuple[int, int, Any]])
 def update(block: Block, fixed: Any, counts: Any, lam: float, backend: str) -> Any:
     """p == 1: hermitian and solve of one batch, on the worker holding the whole fixed factor."""
     be = get_backend(backend)
-    with _device_memory_guard(block):
+    with out_of_memory_as(_on(block), _SMALLER):
         return be.update(block, be.prepare_fixed(fixed), counts, lam)
 
 
@@ -65,7 +72,7 @@ def hermitian_slices(
 ) -> list[tuple[Any, Any]]:
     """p > 1: partial (packed A, B) of one block, cut into the reduce-scatter slices."""
     be = get_backend(backend)
-    with _device_memory_guard(block):
+    with out_of_memory_as(_on(block), _SMALLER):
         A, B = be.hermitian(block, be.prepare_fixed(fixed))
         packed = be.pack(A)
     return [(packed[a:b], B[a:b]) for a, b in slices]
@@ -115,23 +122,3 @@ def recommend_batch(
 def to_host(arr: Any, backend: str) -> np.ndarray:
     return get_backend(backend).to_host(arr)
 
-
-class _device_memory_guard:
-    """Turn an out-of-memory error inside a kernel into one clear DeviceMemoryError."""
-
-    def __init__(self, block: Block):
-        self.block = block
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, tb) -> bool:
-        if exc is None or isinstance(exc, DeviceMemoryError):
-            return False
-        if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-            raise DeviceMemoryError(
-                f"a worker ran out of memory on a block of {self.block.n_rows:,} rows and "
-                f"{self.block.nnz:,} ratings; set plan.q higher (smaller batches) or "
-                "plan.memory_budget lower, then run again"
-            ) from exc
-        return False

@@ -1,0 +1,58 @@
+"""Argument checks shared by the config schema and the Python API: one rule, one message.
+
+Each raises :class:`~cumf_dask.errors.ConfigError` naming the argument (a config key such as
+``data.test_fraction``, or a parameter such as ``test_fraction``) and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from .errors import ConfigError
+
+
+def check_number(
+    name: str,
+    value: Any,
+    low: float | None = None,
+    *,
+    low_inclusive: bool = True,
+    high: float | None = None,
+    high_inclusive: bool = True,
+    integer: bool = False,
+) -> None:
+    """`value` is a (finite) number, an integer if asked, within [low, high] (or open ends)."""
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise ConfigError(f"'{name}' must be {kind}, got {value!r}")
+    if not integer and not math.isfinite(value):
+        raise ConfigError(f"'{name}' must be a finite number, got {value!r}")
+    if low is not None and (value < low or (value == low and not low_inclusive)):
+        raise ConfigError(f"'{name}' must be {'>=' if low_inclusive else '>'} {low}, got {value!r}")
+    if high is not None and (value > high or (value == high and not high_inclusive)):
+        raise ConfigError(
+            f"'{name}' must be {'<=' if high_inclusive else '<'} {high}, got {value!r}"
+        )
+
+
+def check_fraction(name: str, value: Any) -> None:
+    """A held-out share: a number in [0, 1)."""
+    check_number(name, value, 0, high=1, high_inclusive=False)
+
+
+def check_positive_int(name: str, value: Any, *, optional: bool = False) -> None:
+    """An integer >= 1 (or None when `optional`)."""
+    if optional and value is None:
+        return
+    check_number(name, value, 1, integer=True)
+
+
+def check_choice(name: str, value: Any, allowed: Iterable[Any]) -> None:
+    """One of the allowed values."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ConfigError(
+            f"'{name}' must be one of {', '.join(map(repr, allowed))}, got {value!r}"
+        )

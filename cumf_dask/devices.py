@@ -1,0 +1,78 @@
+"""What this process can see of the machine's devices, without creating a CUDA context.
+
+Creating a context in the client process before dask-cuda starts its workers is a known
+pitfall, so GPU questions go to NVML (nvidia-ml-py), never to cupy. Inside a worker (where a
+context is fine) :func:`gpu_total_memory` asks the current CUDA device.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+from .compat import has_module
+
+
+@lru_cache(maxsize=1)
+def cuda_device_count() -> int:
+    """GPUs visible to this process: NVML's count, limited by ``CUDA_VISIBLE_DEVICES``; 0
+    without cupy (the GPU backend could not use them) or without NVML."""
+    if not has_module("cupy"):
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return 0
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+    if visible is not None:
+        count = min(count, len([v for v in visible.split(",") if v.strip()]))
+    return count
+
+
+def has_cuda() -> bool:
+    """True when cupy is installed and at least one GPU is visible."""
+    return cuda_device_count() > 0
+
+
+def nvml_groups(n_workers: int) -> list[list[int]] | None:
+    """Groups of GPUs that share a NUMA node, from NVML; None when NVML is absent or flat.
+
+    The two-phase reduction sums partials inside a group first (paper Fig. "parallel
+    reduction" (b)).
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        count = min(n_workers, pynvml.nvmlDeviceGetCount())
+        by_node: dict[int, list[int]] = {}
+        for i in range(count):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                node = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
+            except Exception:
+                node = 0
+            by_node.setdefault(node, []).append(i)
+    finally:
+        pynvml.nvmlShutdown()
+    groups = list(by_node.values())
+    return groups if len(groups) > 1 and count == n_workers else None
+
+
+def gpu_total_memory() -> int:
+    """Bytes of memory of the current CUDA device (run inside a GPU worker)."""
+    import cupy
+
+    _free, total = cupy.cuda.runtime.memGetInfo()
+    return int(total)
