@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from .config import Config, load_config
 from .data.store import RatingsStore
-from .errors import ConfigError, CumfError, IngestError, PlanError, StoreError
+from .engine.plan import Plan, make_plan
+from .errors import (
+    ConfigError,
+    CumfError,
+    DeviceMemoryError,
+    IngestError,
+    NotFittedError,
+    PlanError,
+    StoreError,
+)
 from .model import ALS
-from .plan import Plan, make_plan
 
 __version__ = "0.1.0"
 
@@ -15,7 +23,9 @@ __all__ = [
     "Config",
     "ConfigError",
     "CumfError",
+    "DeviceMemoryError",
     "IngestError",
+    "NotFittedError",
     "Plan",
     "PlanError",
     "RatingsStore",

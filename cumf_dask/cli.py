@@ -195,11 +195,11 @@ def _config(args: argparse.Namespace) -> Config:
 
 def cmd_plan(args: argparse.Namespace, out: Output) -> None:
     from .engine.cluster import cluster_client
-    from .pipeline import plan_for
+    from .pipeline import job_plan
 
     config = _config(args)
     with cluster_client(config.cluster) as client, out.progress() as progress:
-        plan, estimated = plan_for(config, client, progress, out.log)
+        plan, estimated = job_plan(config, client, progress, out.log)
     note = "estimated from the generator's shape: the store is not built yet (even splits)"
 
     def human() -> None:
@@ -310,8 +310,17 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def cmd_bench(args: argparse.Namespace, out: Output) -> None:
-    """Run benchmarks/bench_<name>.py with the remaining arguments (it prints for itself)."""
+    """Run benchmarks/bench_<name>.py with the remaining arguments (it prints for itself).
+
+    The benchmarks are scripts of a source checkout, not part of the installed package.
+    """
     root = Path(args.dir)
+    if not root.is_dir():
+        raise ConfigError(
+            f"no benchmarks folder at {root}: `cumf-dask bench` runs the scripts in a source "
+            "checkout's benchmarks/ (git clone the repository and pip install -e it), or "
+            "pass --dir PATH"
+        )
     available = sorted(p.stem.removeprefix("bench_") for p in root.glob("bench_*.py"))
     script = root / f"bench_{args.name}.py"
     if not script.is_file():

@@ -88,7 +88,7 @@ class ModelConfig:
 
 
 @dataclass
-class HalfStepPlan:
+class HalfStepConfig:
     """Forced partition of one half-step; None lets the planner choose."""
 
     p: int | None = None  # partitions of the fixed factor (data parallelism)
@@ -101,8 +101,8 @@ class PlanConfig:
 
     p: int | None = None  # both half-steps, unless x/theta say otherwise
     q: int | None = None
-    x: HalfStepPlan = field(default_factory=HalfStepPlan)  # update-X overrides
-    theta: HalfStepPlan = field(default_factory=HalfStepPlan)  # update-Theta overrides
+    x: HalfStepConfig = field(default_factory=HalfStepConfig)  # update-X overrides
+    theta: HalfStepConfig = field(default_factory=HalfStepConfig)  # update-Theta overrides
     memory_budget: str | None = None  # per worker: "12GB", "0.8" (fraction), None: from workers
     resident: bool | None = None  # keep R blocks on workers (None: if they fit)
     reduction: Reduction = "scatter"  # p > 1: reduce-scatter, two-phase, or one (baseline)
@@ -158,7 +158,8 @@ def load_config(
     """Load a YAML file (or a dict) into a validated :class:`Config`.
 
     ``overrides`` are ``dotted.key=value`` strings (``model.factors=64``); values are read
-    as YAML, so ``plan.groups=[[0,1],[2,3]]`` works.
+    as YAML, so ``plan.groups=[[0,1],[2,3]]`` works. An error the file causes names the
+    file; one an override causes names the override (``--set model.factor=3: ...``).
     """
     source = str(path) if path is not None else "<config>"
     raw: Any = {}
@@ -174,10 +175,13 @@ def load_config(
         raw = _merge(raw, data)
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections")
-    for item in overrides or []:
-        raw = _merge(raw, _parse_override(item, source))
     config = _build(Config, raw, source, "")
     _check_ranges(config, source)
+    for item in overrides or []:
+        where = f"--set {item}"
+        raw = _merge(raw, _parse_override(item, where))
+        config = _build(Config, raw, where, "")
+        _check_ranges(config, where)
     return config
 
 

@@ -1,10 +1,13 @@
-"""The ALS estimator: fit on a Dask cluster, then predict, score, recommend, save and load."""
+"""The ALS estimator: a thin scikit-learn style facade over the engine (:mod:`.engine.fit`).
+
+``__init__`` only stores parameters; ``fit`` returns ``self`` with fitted attributes ending
+in ``_``; a fitted model pickles (the live cluster state is dropped, as implicit's GPU model
+drops its device handles); predict, rmse, recommend, save and load use the host factors.
+"""
 
 from __future__ import annotations
 
 import tempfile
-import time
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,24 +15,19 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from .backend import PRECISIONS, backend_spec, get_backend, resolve_backend_name
-from .checkpoint import MODEL_FORMAT, MODEL_VERSION, Checkpointer, read_factors, write_factors
+from .backend import PRECISIONS, get_backend, resolve_backend_name
+from .callbacks import IterationCallback
+from .checkpoint import MODEL_FORMAT, MODEL_VERSION, read_factors, write_factors
+from .checks import check_choice, check_number
 from .config import ClusterConfig, PlanConfig
 from .data.builder import build_store
 from .data.store import RatingsStore
 from .engine import tasks
-from .engine.cluster import (
-    CumfWorkerSetup,
-    backend_on,
-    cluster_client,
-    plan_on,
-    worker_addresses,
-)
-from .engine.graph import Factor, SUALSEngine, even_bounds
-from .errors import ConfigError, StoreError
-from .plan import Plan
-
-Callback = Callable[[dict[str, Any]], None]
+from .engine.cluster import backend_on, cluster_client
+from .engine.fit import ALSParams, fit
+from .engine.plan import Plan
+from .engine.session import Session
+from .errors import ConfigError, NotFittedError, StoreError
 
 
 class ALS:
@@ -84,8 +82,8 @@ class ALS:
         plan: PlanConfig | None = None,
         checkpoint_dir: str | None = None,
         evaluate: bool = True,
-        callbacks: Sequence[Callback] = (),
-        progress: Callable[[str, int, int], None] | None = None,
+        callbacks: Sequence[IterationCallback] = (),
+        progress: Callable[[str, int, int | None], None] | None = None,
     ):
         self.factors = factors
         self.regularization = regularization
@@ -99,6 +97,17 @@ class ALS:
         self.callbacks = list(callbacks)
         self.progress = progress
 
+    def __repr__(self) -> str:
+        fitted = f", fitted {self.shape_[0]:,} x {self.shape_[1]:,}" if self._fitted else ""
+        return (
+            f"ALS(factors={self.factors}, regularization={self.regularization}, "
+            f"iterations={self.iterations}, backend={self.backend!r}{fitted})"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the live cluster state and the temporary store folder."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_session", "_tmp")}
+
     # ------------------------------------------------------------------ fitting
     def fit(
         self,
@@ -110,22 +119,19 @@ class ALS:
         """Fit on a RatingsStore (or its URL), or on (rows, cols, ratings[, (m, n)]) arrays.
 
         With no `client`, a local cluster of the right kind is started and closed again;
-        the factors are then gathered to this process. With a client, the factors also stay
-        on the cluster (:meth:`factors_as_dask`).
+        with a client, the factors also stay on the cluster (:meth:`factors_as_dask`).
         """
         self._check_params()
         store, tmp = self._as_store(data)
         try:
             if client is not None:
                 self._fit(store, client, backend_on(client, self.backend), resume)
-                self._gather()
-                return self
-            backend = resolve_backend_name(self.backend)
-            with cluster_client(ClusterConfig(backend=backend, dashboard_address=None)) as own:
-                self._fit(store, own, backend, resume)
-                self._gather()
-            self._engine = None
-            self._X = self._Theta = None
+            else:
+                backend = resolve_backend_name(self.backend)
+                config = ClusterConfig(backend=backend, dashboard_address=None)
+                with cluster_client(config) as own:
+                    self._fit(store, own, backend, resume)
+                self._session = None
         except BaseException:
             if tmp is not None:
                 tmp.cleanup()
@@ -134,19 +140,10 @@ class ALS:
         return self
 
     def _check_params(self) -> None:
-        if not isinstance(self.factors, int) or self.factors < 1:
-            raise ConfigError(f"factors must be a positive integer, got {self.factors!r}")
-        if not self.regularization > 0:
-            raise ConfigError(
-                f"regularization must be > 0 (rows with fewer than f ratings need it), "
-                f"got {self.regularization!r}"
-            )
-        if self.precision not in PRECISIONS:
-            raise ConfigError(
-                f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
-            )
-        if not isinstance(self.iterations, int) or self.iterations < 0:
-            raise ConfigError(f"iterations must be a non-negative integer, got {self.iterations!r}")
+        check_number("factors", self.factors, 1, integer=True)
+        check_number("regularization", self.regularization, 0, low_inclusive=False)
+        check_number("iterations", self.iterations, 0, integer=True)
+        check_choice("precision", self.precision, PRECISIONS)
 
     def _as_store(self, data: Any) -> tuple[RatingsStore, Any]:
         if isinstance(data, RatingsStore):
@@ -163,115 +160,40 @@ class ALS:
         )
 
     def _fit(self, store: RatingsStore, client: Any, backend: str, resume: bool) -> None:
-        client.register_plugin(CumfWorkerSetup())  # BLAS threads, kernel cache
-        workers = worker_addresses(client)
-        self.plan_: Plan = plan_on(
-            client,
-            (store.m, store.n, store.nnz),
-            self.factors,
-            self.plan,
-            backend,
-            (store.counts("row"), store.counts("col")),
+        params = ALSParams(
+            self.factors, self.regularization, self.iterations, self.seed, self.precision
         )
-        spec = backend_spec(backend, self.precision)
-        engine = SUALSEngine(client, store, self.plan_, self.regularization, spec, workers)
-        self._engine, self._store, self._backend = engine, store, backend
+        result = fit(
+            client, store, params, backend, plan_config=self.plan, evaluate=self.evaluate,
+            checkpoint_dir=self.checkpoint_dir, resume=resume, callbacks=self.callbacks,
+            progress=self.progress,
+        )  # fmt: skip
+        self.plan_: Plan = result.plan
+        self.metrics_: list[dict[str, Any]] = result.metrics
+        self.iterations_done_ = result.iterations_done
         self.shape_ = (store.m, store.n)
-        self.metrics_: list[dict[str, Any]] = []
-        start = 0
-        checkpointer = Checkpointer(self.checkpoint_dir) if self.checkpoint_dir else None
-        spread = even_bounds(store.n, len(workers))
-        X: Factor | None = None
-        theta: Factor | None = None
-        if resume:
-            if checkpointer is None:
-                raise ConfigError("fit(resume=True) needs checkpoint_dir (output.checkpoint)")
-            found = checkpointer.latest()
-            if found is not None:
-                start, attrs, arrays = found
-                self._check_checkpoint(attrs, store)
-                theta = engine.from_host(arrays["item_factors"], spread)
-                self.metrics_ = list(attrs.get("metrics", []))
-        if theta is None:
-            theta = engine.initial(store.n, self.factors, self.seed, spread)
-        began = time.perf_counter()
-        for it in range(start + 1, self.iterations + 1):
-            t0 = time.perf_counter()
-            X = engine.half_step("x", theta, it, self.progress)
-            theta.placed.clear()  # its copies on the workers are no longer needed
-            t1 = time.perf_counter()
-            theta = engine.half_step("theta", X, it, self.progress)
-            X.placed.clear()
-            t2 = time.perf_counter()
-            record: dict[str, Any] = {
-                "iteration": it,
-                "seconds": t2 - t0,
-                "x_seconds": t1 - t0,
-                "theta_seconds": t2 - t1,
-            }
-            if self.evaluate:
-                record["train_rmse"] = engine.rmse(X, theta, it, "train")
-                if store.has_test:
-                    record["test_rmse"] = engine.rmse(X, theta, it, "test")
-            record["elapsed"] = time.perf_counter() - began
-            self.metrics_.append(record)
-            self._X, self._Theta = X, theta
-            if checkpointer is not None:
-                checkpointer.save(it, self._factor_arrays(), self._attrs(), client)
-            for callback in self.callbacks:
-                callback(record)
-        if X is None:  # nothing left to run (resumed at the end, or iterations == 0)
-            X = engine.half_step("x", theta, start + 1)
-        self._X, self._Theta = X, theta
-        engine.release()
-        self.iterations_done_ = max(start, self.iterations)
-
-    def _check_checkpoint(self, attrs: dict, store: RatingsStore) -> None:
-        want = {"m": store.m, "n": store.n, "factors": self.factors}
-        got = {k: attrs.get(k) for k in want}
-        if got != want:
-            raise StoreError(
-                f"{self.checkpoint_dir}: the checkpoint is for {got}, this fit is {want}; "
-                "use another checkpoint_dir or resume=False"
-            )
+        self.user_factors_, self.item_factors_ = result.session.gather()
+        self._store = store
+        self._session: Session | None = result.session
 
     # ------------------------------------------------------------------ factors
-    def _dask(self, factor: Factor) -> da.Array:
-        backend = self._backend
-        parts = [
-            da.from_delayed(
-                self._engine.client.submit(tasks.to_host, fut, backend, pure=False),
-                shape=(hi - lo, factor.f),
-                dtype=np.float32,
-            )
-            for lo, hi, fut in factor.pieces
-        ]
-        return da.concatenate(parts, axis=0)
+    @property
+    def _fitted(self) -> bool:
+        return hasattr(self, "user_factors_")
+
+    def _check_fitted(self) -> None:
+        if not self._fitted:
+            raise NotFittedError("the model is not fitted: call fit() or ALS.load() first")
 
     def factors_as_dask(self) -> tuple[da.Array, da.Array]:
         """(X, Theta) as Dask arrays on the cluster (only while the fit's client is open)."""
-        if getattr(self, "_engine", None) is None or self._X is None:
-            raise ConfigError("factors live on a cluster only after fit(client=...) with a client")
-        return self._dask(self._X), self._dask(self._Theta)
-
-    def _factor_arrays(self) -> dict[str, Any]:
-        X, Theta = self.factors_as_dask()
-        return {"user_factors": X, "item_factors": Theta}
-
-    def _gather(self) -> None:
-        X, Theta = self.factors_as_dask()
-        client = self._engine.client
-        self.user_factors_, self.item_factors_ = client.compute([X, Theta], sync=True)
-
-    def _attrs(self) -> dict[str, Any]:
-        return {
-            "factors": self.factors,
-            "regularization": self.regularization,
-            "seed": self.seed,
-            "m": self.shape_[0],
-            "n": self.shape_[1],
-            "metrics": self.metrics_,
-        }
+        self._check_fitted()
+        if getattr(self, "_session", None) is None:
+            raise NotFittedError(
+                "factors live on a cluster only after fit(client=...) with a client that is "
+                "still open; use user_factors_ and item_factors_ here"
+            )
+        return self._session.factors_as_dask()  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ using the model
     def predict(self, users: Any, items: Any) -> np.ndarray:
@@ -325,38 +247,20 @@ class ALS:
         else:
             store = None
         chunks = [users[lo : lo + batch] for lo in range(0, len(users), batch)]
-        engine = getattr(self, "_engine", None)
-        if engine is None:
-            results = [
-                tasks.recommend_batch(
-                    self.user_factors_[c], self.item_factors_, c, k, store, "numpy"
-                )
-                for c in chunks
-            ]
+        session = getattr(self, "_session", None)
+        if session is None:
+            X, Theta = self.user_factors_, self.item_factors_
+            results = [tasks.recommend_batch(X[c], Theta, c, k, store, "numpy") for c in chunks]
         else:
-            client = engine.client
-            [theta] = client.scatter([self.item_factors_], broadcast=True)
-            futures = [
-                client.submit(
-                    tasks.recommend_batch,
-                    self.user_factors_[c],
-                    theta,
-                    c,
-                    k,
-                    store,
-                    self._backend,
-                    key=f"recommend-batch{i}-{engine.run}-{uuid.uuid4().hex[:6]}",
-                )
-                for i, c in enumerate(chunks)
-            ]
-            results = client.gather(futures)
+            results = session.recommend(
+                self.user_factors_, self.item_factors_, chunks, k, store
+            )
         if not results:
             return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
         return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
 
     def _check_indices(self, users: np.ndarray, items: np.ndarray) -> None:
-        if not hasattr(self, "user_factors_"):
-            raise ConfigError("the model is not fitted: call fit() or ALS.load() first")
+        self._check_fitted()
         m, n = self.user_factors_.shape[0], self.item_factors_.shape[0]
         if users.size and (users.min() < 0 or users.max() >= m):
             raise ConfigError(f"user index out of range [0, {m})")
@@ -366,8 +270,8 @@ class ALS:
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
         """Write the model (factors, parameters, metrics, id maps) as a Zarr group."""
-        if not hasattr(self, "user_factors_"):
-            raise ConfigError("nothing to save: the model is not fitted")
+        if not self._fitted:
+            raise NotFittedError("nothing to save: the model is not fitted")
         store = getattr(self, "_store", None)
         arrays: dict[str, Any] = {
             "user_factors": self.user_factors_,
@@ -377,7 +281,12 @@ class ALS:
             arrays["user_ids"] = store.ids("rows")
             arrays["item_ids"] = store.ids("cols")
         attrs = {
-            **self._attrs(),
+            "factors": self.factors,
+            "regularization": self.regularization,
+            "seed": self.seed,
+            "m": self.shape_[0],
+            "n": self.shape_[1],
+            "metrics": self.metrics_,
             "format": MODEL_FORMAT,
             "version": MODEL_VERSION,
             "iterations": self.iterations,

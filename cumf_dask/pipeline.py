@@ -7,16 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .callbacks import Log, Progress
 from .config import Config
 from .data.store import RatingsStore
-from .engine.cluster import backend_on, cluster_client, plan_on
+from .engine.cluster import backend_on, cluster_client, worker_addresses, worker_memory
+from .engine.plan import Plan, make_plan
 from .errors import StoreError
 from .model import ALS
-from .plan import Plan
 from .records import RunFolder
-
-Progress = Callable[[str, int, int], None]
-Log = Callable[[str], None]
 
 
 def prepare_store(
@@ -72,7 +70,7 @@ def _check_reuse(config: Config, store: RatingsStore) -> None:
         )
 
 
-def plan_for(
+def job_plan(
     config: Config, client: Any, progress: Progress | None = None, log: Log = print
 ) -> tuple[Plan, bool]:
     """(plan, estimated): the plan of this config on this client's workers.
@@ -82,6 +80,9 @@ def plan_for(
     splits (estimated = True), so planning a billion-rating config does not first build it.
     """
     backend = backend_on(client, config.cluster.backend)
+    workers = len(worker_addresses(client))
+    memory = worker_memory(client, backend)
+    f = config.model.factors
     try:
         store = RatingsStore.open(config.data.store)
     except StoreError:
@@ -92,12 +93,11 @@ def plan_for(
 
             m, n, total = resolve_shape(config.data.generate)
             nnz = int(total * (1 - config.data.test_fraction))
-            plan = plan_on(client, (m, n, nnz), config.model.factors, config.plan, backend)
-            return plan, True
+            return make_plan(m, n, nnz, f, workers, memory, None, None, config.plan, backend), True
         store = prepare_store(config, client, progress, log)
-    shape = (store.m, store.n, store.nnz)
     counts = (store.counts("row"), store.counts("col"))
-    return plan_on(client, shape, config.model.factors, config.plan, backend, counts), False
+    shape = (store.m, store.n, store.nnz)
+    return make_plan(*shape, f, workers, memory, *counts, config.plan, backend), False
 
 
 @dataclass

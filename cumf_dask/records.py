@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from .config import Config
-from .plan import Plan
+from .engine.plan import Plan
 
 
 class RunFolder:

@@ -1,4 +1,5 @@
-"""Shared fixtures: backends (GPU ones marked and skipped without CUDA), random rating data."""
+"""Shared fixtures: in-process Dask clusters shared by the whole session, backends (GPU ones
+marked and skipped without CUDA), random rating data."""
 
 from __future__ import annotations
 
@@ -28,6 +29,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def clients():
+    """clients(workers): a Client of an in-process LocalCluster with that many single-threaded
+    workers, started once for the whole test session (starting clusters dominated test time).
+    Tests leave nothing on them: the engine releases what it held after each fit."""
+    from distributed import Client, LocalCluster
+
+    pool: dict[int, tuple] = {}
+
+    def get(workers: int):
+        if workers not in pool:
+            cluster = LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=False, dashboard_address=None
+            )
+            pool[workers] = (cluster, Client(cluster, set_as_default=False))
+        return pool[workers][1]
+
+    yield get
+    for cluster, client in pool.values():
+        client.close()
+        cluster.close()
+
+
+@pytest.fixture
+def client2(clients):
+    """The shared two-worker client."""
+    return clients(2)
 
 
 @pytest.fixture(params=BACKENDS)

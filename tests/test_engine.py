@@ -1,34 +1,53 @@
-"""Every plan (p, q, workers, tiles, reduction) gives the float64 reference's factors."""
+"""Every plan (p, q, workers, tiles, reduction) gives the float64 reference's factors.
+
+The default run checks the cases that exercise different code paths (listed in CASES with
+what each covers); ``-m exhaustive`` runs the whole product of workers x tiles x p x q and
+every reduction on every cluster size (``.ci/run`` runs both).
+"""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
 from conftest import BACKENDS, random_ratings, rel_err
-from distributed import Client, LocalCluster
 from reference import reference_als
 
-from cumf_dask.config import HalfStepPlan, PlanConfig
+from cumf_dask.config import HalfStepConfig, PlanConfig
 from cumf_dask.data.builder import build_store
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
 
 F, LAM, ITERS = 6, 0.05, 3
 M, N = 90, 60
+SMALL, BIG = (7, 5), (1000, 1000)  # tiles: blocks span many tiles / one tile per band
+
+# (workers, tiles, p, q): one line per path through the engine
+CASES = [
+    (1, SMALL, 1, 1),  # one worker, one batch; blocks cut out of many tiles
+    (2, BIG, 1, 5),  # p = 1, more batches than workers: batches wrap around the workers
+    (4, SMALL, 1, 2),  # p = 1, fewer batches than workers: some workers idle
+    (2, SMALL, 2, 1),  # data parallel, p = workers: reduce-scatter, one batch
+    (2, BIG, 3, 2),  # p > workers: parts wrap around the workers
+    (4, SMALL, 3, 5),  # p < workers, many batches and slices
+]
+FULL = [
+    case
+    for case in itertools.product([1, 2, 4], [SMALL, BIG], [1, 2, 3], [1, 2, 5])
+    if case not in CASES
+]
+REDUCTIONS = [(4, SMALL, "two-phase"), (2, BIG, "one")]
+ALL_REDUCTIONS = [
+    case
+    for case in itertools.product([1, 2, 4], [SMALL, BIG], ["two-phase", "one"])
+    if case not in REDUCTIONS
+]
 
 
-@pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda w: f"{w}workers")
-def client(request):
-    with (
-        LocalCluster(
-            n_workers=request.param,
-            threads_per_worker=1,
-            processes=False,
-            dashboard_address=None,
-        ) as cluster,
-        Client(cluster) as c,
-    ):
-        yield c
+def _ids(case) -> str:
+    workers, tiles, *rest = case
+    return f"{workers}w-tiles{tiles[0]}x{tiles[1]}-" + "-".join(map(str, rest))
 
 
 @pytest.fixture(scope="module")
@@ -42,17 +61,16 @@ def reference(ratings):
     return reference_als(rows, cols, vals, (M, N), init_factor(N, F, 0), LAM, ITERS)
 
 
-@pytest.fixture(scope="module", params=[(7, 5), (1000, 1000)], ids=lambda t: f"tiles{t}")
-def store(request, ratings, tmp_path_factory):
+@pytest.fixture(scope="module")
+def stores(ratings, tmp_path_factory):
     rows, cols, vals = ratings
-    tr, tc = request.param
-    path = tmp_path_factory.mktemp("engine") / "r.zarr"
-    return build_store(str(path), rows, cols, vals, shape=(M, N), tile_rows=tr, tile_cols=tc)
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    return request.param
+    out = {}
+    for tr, tc in (SMALL, BIG):
+        path = tmp_path_factory.mktemp("engine") / "r.zarr"
+        out[(tr, tc)] = build_store(
+            str(path), rows, cols, vals, shape=(M, N), tile_rows=tr, tile_cols=tc
+        )
+    return out
 
 
 def _fit(store, client, backend="numpy", **plan):
@@ -60,10 +78,9 @@ def _fit(store, client, backend="numpy", **plan):
     return model.fit(store, client=client)
 
 
-@pytest.mark.parametrize("p", [1, 2, 3])
-@pytest.mark.parametrize("q", [1, 2, 5])
-def test_plans_match_reference(store, client, reference, p, q, backend):
-    model = _fit(store, client, backend, p=p, q=q)
+def _check_plan(stores, clients, reference, case, backend):
+    workers, tiles, p, q = case
+    model = _fit(stores[tiles], clients(workers), backend, p=p, q=q)
     X, Theta = reference
     assert model.plan_.x.p == p and model.plan_.x.q == q
     assert model.plan_.theta.p == p and model.plan_.theta.q == q
@@ -73,24 +90,52 @@ def test_plans_match_reference(store, client, reference, p, q, backend):
     assert (model.item_factors_[7] == 0).all()
 
 
-@pytest.mark.parametrize("reduction", ["two-phase", "one"])
-def test_reductions_match_reference(store, client, reference, reduction, backend):
-    workers = len(client.scheduler_info()["workers"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_plans_match_reference(stores, clients, reference, case, backend):
+    _check_plan(stores, clients, reference, case, backend)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", FULL, ids=_ids)
+def test_every_plan_matches_reference(stores, clients, reference, case, backend):
+    _check_plan(stores, clients, reference, case, backend)
+
+
+def _check_reduction(stores, clients, reference, case, backend):
+    workers, tiles, reduction = case
     groups = [[0], list(range(1, workers))] if workers > 1 else None
-    model = _fit(store, client, backend, p=3, q=2, reduction=reduction, groups=groups)
+    model = _fit(
+        stores[tiles], clients(workers), backend, p=3, q=2, reduction=reduction, groups=groups
+    )
     assert rel_err(model.user_factors_, reference[0]) < 1e-4
     assert rel_err(model.item_factors_, reference[1]) < 1e-4
 
 
-def test_mixed_half_steps(store, client, reference):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", REDUCTIONS, ids=_ids)
+def test_reductions_match_reference(stores, clients, reference, case, backend):
+    _check_reduction(stores, clients, reference, case, backend)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ALL_REDUCTIONS, ids=_ids)
+def test_every_reduction_matches_reference(stores, clients, reference, case, backend):
+    _check_reduction(stores, clients, reference, case, backend)
+
+
+def test_mixed_half_steps(stores, client2, reference):
     """Update X data-parallel and update Theta model-parallel in one run."""
-    plan = PlanConfig(x=HalfStepPlan(p=2, q=3), theta=HalfStepPlan(p=1, q=2))
-    model = ALS(F, LAM, ITERS, seed=0, backend="numpy", plan=plan).fit(store, client=client)
+    plan = PlanConfig(x=HalfStepConfig(p=2, q=3), theta=HalfStepConfig(p=1, q=2))
+    model = ALS(F, LAM, ITERS, seed=0, backend="numpy", plan=plan)
+    model.fit(stores[SMALL], client=client2)
     assert (model.plan_.x.p, model.plan_.theta.p) == (2, 1)
     assert rel_err(model.user_factors_, reference[0]) < 1e-4
 
 
-def test_single_rating(tmp_path, client):
+def test_single_rating(tmp_path, client2):
     store = build_store(
         str(tmp_path / "one.zarr"),
         np.array([2]),
@@ -98,14 +143,15 @@ def test_single_rating(tmp_path, client):
         np.array([4.0], np.float32),
         shape=(3, 2),
     )
-    model = ALS(2, 0.1, 2, backend="numpy").fit(store, client=client)
+    model = ALS(2, 0.1, 2, backend="numpy").fit(store, client=client2)
     X, T = reference_als([2], [1], [4.0], (3, 2), init_factor(2, 2, 0), 0.1, 2)
     assert np.isfinite(model.user_factors_).all()
     assert rel_err(model.user_factors_, X) < 1e-4
     assert rel_err(model.item_factors_, T) < 1e-4
 
 
-def test_planted_model_reaches_noise_level(tmp_path, client, backend):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_planted_model_reaches_noise_level(tmp_path, client2, backend):
     """On R = X* Theta*^T + noise, test RMSE approaches the noise sigma."""
     rng = np.random.default_rng(5)
     m, n, rank, sigma = 400, 300, 3, 0.1
@@ -122,7 +168,7 @@ def test_planted_model_reaches_noise_level(tmp_path, client, backend):
         test_fraction=0.1,
         split_seed=1,
     )
-    model = ALS(rank, 0.01, 15, backend=backend).fit(store, client=client)
+    model = ALS(rank, 0.01, 15, backend=backend).fit(store, client=client2)
     test_rmse = model.metrics_[-1]["test_rmse"]
     assert model.metrics_[0]["test_rmse"] > test_rmse
     assert test_rmse < 1.3 * sigma

@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from conftest import random_ratings
-from distributed import Client, LocalCluster
 
 from cumf_dask.data.builder import build_store
-from cumf_dask.errors import ConfigError, StoreError
+from cumf_dask.errors import ConfigError, NotFittedError, StoreError
 from cumf_dask.model import ALS
 
 M, N = 70, 40
 
 
-@pytest.fixture(scope="module")
-def client():
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
-        ) as cluster,
-        Client(cluster) as c,
-    ):
-        yield c
+@pytest.fixture
+def client(client2):
+    return client2
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +69,8 @@ def test_resume_with_other_shape_is_refused(store, client, tmp_path):
 def test_predict_rmse_recommend_save_load(store, client, tmp_path):
     model = ALS(5, 0.05, 3, backend="numpy").fit(store, client=client)
     X, T = model.factors_as_dask()
-    np.testing.assert_allclose(X.compute(), model.user_factors_)
-    np.testing.assert_allclose(T.compute(), model.item_factors_)
+    np.testing.assert_allclose(X.compute(scheduler=client), model.user_factors_)
+    np.testing.assert_allclose(T.compute(scheduler=client), model.item_factors_)
     users, items = np.array([1, 2, 3]), np.array([4, 5, 6])
     expected = (model.user_factors_[users] * model.item_factors_[items]).sum(1)
     np.testing.assert_allclose(model.predict(users, items), expected, rtol=1e-6)
@@ -94,6 +89,18 @@ def test_predict_rmse_recommend_save_load(store, client, tmp_path):
     assert loaded.metrics_ == model.metrics_
 
 
+def test_fitted_model_pickles_without_its_cluster(store, client):
+    model = ALS(4, 0.05, 2, backend="numpy").fit(store, client=client)
+    model.factors_as_dask()  # the live cluster state exists ...
+    copy = pickle.loads(pickle.dumps(model))  # ... and is not pickled
+    np.testing.assert_array_equal(copy.user_factors_, model.user_factors_)
+    np.testing.assert_array_equal(copy.predict([1, 2], [3, 4]), model.predict([1, 2], [3, 4]))
+    assert copy.metrics_ == model.metrics_ and copy.plan_.x.q == model.plan_.x.q
+    with pytest.raises(NotFittedError, match="still open"):
+        copy.factors_as_dask()
+    assert "fitted 70 x 40" in repr(copy) and repr(ALS(3)).startswith("ALS(factors=3")
+
+
 def test_fit_on_arrays_without_client():
     rows, cols, vals = random_ratings(30, 20, 0.3, seed=4)
     model = ALS(3, 0.1, 2, backend="numpy").fit((rows, cols, vals, (30, 20)))
@@ -106,7 +113,7 @@ def test_bad_input(store, client, tmp_path):
         ALS(0).fit(store, client=client)
     with pytest.raises(StoreError, match="no rating store"):
         ALS(2).fit(str(tmp_path / "missing.zarr"), client=client)
-    with pytest.raises(ConfigError, match="not fitted"):
+    with pytest.raises(NotFittedError, match="not fitted"):
         ALS(2).predict([0], [0])
     model = ALS(2, 0.1, 1, backend="numpy").fit(store, client=client)
     with pytest.raises(ConfigError, match="out of range"):

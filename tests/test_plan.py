@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from cumf_dask.config import HalfStepPlan, PlanConfig
+from cumf_dask.config import HalfStepConfig, PlanConfig
+from cumf_dask.engine.plan import balanced_bounds, make_plan
 from cumf_dask.errors import ConfigError, PlanError
-from cumf_dask.plan import balanced_bounds, make_plan
 
 GB = 10**9
 
@@ -39,7 +39,7 @@ def test_smallest_q_that_fits():
     plan = _plan(1_000_000, 1000, 10_000_000, 100, 1, 2 * GB)
     q = plan.x.q
     assert q > 1
-    smaller = _plan(1_000_000, 1000, 10_000_000, 100, 1, 2 * GB, x=HalfStepPlan(q=q - 1))
+    smaller = _plan(1_000_000, 1000, 10_000_000, 100, 1, 2 * GB, x=HalfStepConfig(q=q - 1))
     assert smaller.x.q == q - 1  # forced values are honoured ...
     assert plan.x.peak < 2 * GB * 0.9
 

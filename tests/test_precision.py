@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import BACKENDS, random_ratings, rel_err
-from distributed import Client, LocalCluster
 
 from cumf_dask.backend import backend_spec, get_backend
 from cumf_dask.backend.base import round_bfloat16
@@ -23,19 +22,14 @@ def test_round_bfloat16_keeps_8_significant_bits():
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-def test_bfloat16_fit_is_close_to_float32(tmp_path, name):
+def test_bfloat16_fit_is_close_to_float32(tmp_path, name, clients):
     rows, cols, vals = random_ratings(120, 80, 0.15, seed=9)
     store = build_store(
         str(tmp_path / "r.zarr"), rows, cols, vals, shape=(120, 80), test_fraction=0.1
     )
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        full = ALS(8, 0.1, 4, backend=name).fit(store, client=client)
-        half = ALS(8, 0.1, 4, backend=name, precision="bfloat16").fit(store, client=client)
+    client = clients(1)
+    full = ALS(8, 0.1, 4, backend=name).fit(store, client=client)
+    half = ALS(8, 0.1, 4, backend=name, precision="bfloat16").fit(store, client=client)
     assert get_backend(backend_spec(name, "bfloat16")).precision == "bfloat16"
     assert 0 < rel_err(half.user_factors_, full.user_factors_) < 0.05
     assert abs(half.metrics_[-1]["test_rmse"] - full.metrics_[-1]["test_rmse"]) < 0.02

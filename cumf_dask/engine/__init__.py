@@ -1,1 +1,12 @@
-"""The SU-ALS engine: clusters, per-half-step task graphs and reductions on Dask."""
+"""The SU-ALS engine on Dask. Read its modules in this order:
+
+1. :mod:`.plan`: p and q for each half-step from sizes and memory (the paper's model);
+2. :mod:`.placement`: which worker holds each block, factor piece and reduction slice;
+3. :mod:`.tasks`: the pure functions that run on the workers (load, update, hermitian, ...);
+4. :mod:`.reduce`: the reductions of partial Hermitians when p > 1;
+5. :mod:`.halfstep`: one half-step as a task graph (model or data parallel);
+6. :mod:`.fit`: the loop (start or resume, iterate, score, checkpoint);
+7. :mod:`.session`: a finished fit's factors on the workers (export, gather, recommend).
+
+:mod:`.cluster` makes clients and tells the planner what the workers have.
+"""

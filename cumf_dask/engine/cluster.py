@@ -1,4 +1,5 @@
-"""Getting a Dask client: an existing scheduler, a LocalCUDACluster (GPUs) or a LocalCluster.
+"""Getting a Dask client (an existing scheduler, a LocalCUDACluster or a LocalCluster), and
+what the planner needs to know of its workers.
 
 Per-worker setup lives in a WorkerPlugin, not in tasks: BLAS pinned to one thread (Dask
 already gives the parallelism; threaded BLAS is much slower on many small products), and
@@ -10,22 +11,20 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 from distributed import Client, WorkerPlugin
 
 from ..backend import resolve_backend_name
 from ..compat import has_module
-from ..config import ClusterConfig, PlanConfig, parse_size
-from ..devices import cuda_device_count, gpu_total_memory, has_cuda, nvml_groups
+from ..config import ClusterConfig, parse_size
+from ..devices import cuda_device_count, gpu_total_memory, has_cuda
 from ..errors import ConfigError
-from ..plan import Plan, make_plan
+from .placement import COMPUTE
 
 # Local workers get one thread more than cluster.threads_per_worker and this many units of
 # the COMPUTE resource: compute tasks take a unit, loads do not, so a worker reads its next
 # block while it computes on this one (never two computations at once).
-COMPUTE = "cumf-compute"
 
 
 def has_compute_slots(client: Client) -> bool:
@@ -173,27 +172,3 @@ def backend_on(client: Client, name: str) -> str:
         return resolve_backend_name(name)
     found = client.run(has_cuda)
     return "cupy" if found and all(found.values()) else "numpy"
-
-
-def plan_on(
-    client: Client,
-    shape: tuple[int, int, int],
-    factors: int,
-    config: PlanConfig | None,
-    backend: str,
-    counts: tuple[Any, Any] = (None, None),
-) -> Plan:
-    """The plan on this client's workers: their number and smallest memory (or the budget).
-
-    `shape` is (m, n, nnz); `counts` the per-row and per-column rating counts when known.
-    """
-    config = config or PlanConfig()
-    workers = len(worker_addresses(client))
-    if config.reduction == "two-phase" and config.groups is None and backend == "cupy":
-        config = replace(config, groups=nvml_groups(workers))  # None: one flat group
-    budget = worker_memory(client, backend)
-    if config.memory_budget is not None:
-        budget = parse_size(config.memory_budget, budget) or budget
-    m, n, nnz = shape
-    return make_plan(m, n, nnz, factors, workers, budget, *counts, config, backend)
-

@@ -1,56 +1,63 @@
-"""Reductions of partial Hermitians for p > 1 (paper section "parallel reduction").
+"""Reductions of partial Hermitians when p > 1 (paper section "parallel reduction").
+
+Every strategy is here, as pure functions that take what they need:
 
 * ``scatter`` (default): reduce-scatter. Each batch's rows are cut into p slices; worker k
   receives slice k of every partial and sums it, so all workers reduce at once and each
   moves 1/p of the data (paper Fig. "parallel reduction" (a)).
 * ``two-phase``: topology-aware. Partials are first summed inside each group of workers
-  (same NVLink island / PCIe switch / NUMA node), then the group sums go to worker k
-  (paper Fig. (b)). Groups come from config (``plan.groups``) or from NVML.
+  (same NVLink island / PCIe switch / NUMA node), then the group sums go to the worker of
+  the slice (paper Fig. (b)). Groups come from ``plan.groups`` or from NVML.
 * ``one``: everything to one worker, the baseline for benchmarks only.
 
-What moves is always the packed lower triangle, f(f+1)/2 floats per row.
+What moves is always the packed lower triangle, f(f+1)/2 floats per row. The final sum
+and the solve of a slice are one task (``tasks.reduce_solve``), on the worker of the slice.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import itertools
+from collections.abc import Callable
+from typing import Any
 
 from distributed import Future
 
 from . import tasks
+from .plan import balanced_bounds
 
-if TYPE_CHECKING:
-    from ..plan import HalfPlan
-    from .graph import SUALSEngine
+Submit = Callable[..., Future]  # a Pinned submitter: submit(func, *args, key=, worker=)
 
 
-def reduce_slices(
-    engine: SUALSEngine, h: HalfPlan, partials: list[Future], target: str, tag: str
+def slice_bounds(rows: int, p: int, reduction: str) -> list[tuple[int, int]]:
+    """A batch's rows [0, rows) cut into the slices reduced separately: one for 'one', else p."""
+    return list(itertools.pairwise(balanced_bounds(rows, 1 if reduction == "one" else p)))
+
+
+def final_inputs(
+    partials: list[Future],
+    sources: list[int],
+    target: int,
+    reduction: str,
+    groups: list[list[int]] | None,
+    workers: list[str],
+    submit: Submit,
+    tag: str,
 ) -> list[Future]:
-    """The inputs of the final sum on `target`: the partials, or their per-group sums."""
-    groups = engine.plan.groups
-    if engine.plan.reduction != "two-phase" or not groups or len(groups) < 2:
-        return list(partials)
-    index = {w: n for n, w in enumerate(engine.workers)}
-    target_n = index[target]
-    inputs = []
-    for g, members in enumerate(groups):
-        mine = [fut for i, fut in enumerate(partials) if i % len(engine.workers) in members]
-        if not mine:
-            continue
-        if len(mine) == 1:
-            inputs.append(mine[0])
-            continue
-        home = target_n if target_n in members else members[0]
-        inputs.append(
-            engine.client.submit(
-                tasks.sum_partials,
-                *mine,
-                key=f"reduce-group{g}-{h.label}-{tag}-{engine.run}",
-                workers=[engine.workers[home]],
-                allow_other_workers=False,
-                pure=False,
-            )
-        )
-    return inputs
+    """The inputs of the final sum of one slice on worker `target`.
 
+    `partials[i]` is the slice of part i's partial (A, B), held by worker `sources[i]`.
+    scatter and one: the partials themselves. two-phase: one sum per group of workers, on
+    the target when it is in the group, else on the group's first worker.
+    """
+    if reduction != "two-phase" or not groups or len(groups) < 2:
+        return list(partials)
+    inputs: list[Any] = []
+    for g, members in enumerate(groups):
+        mine = [fut for fut, src in zip(partials, sources, strict=True) if src in members]
+        if len(mine) <= 1:
+            inputs.extend(mine)
+            continue
+        home = target if target in members else members[0]
+        key = f"reduce-group{g}-{tag}"
+        inputs.append(submit(tasks.sum_partials, *mine, key=key, worker=workers[home]))
+    return inputs

@@ -23,9 +23,11 @@ def _on(block: Block) -> str:
     return f"on a block of {block.n_rows:,} rows and {block.nnz:,} ratings"
 
 
-def load_block(store: RatingsStore, orient: str, rows: tuple, cols: tuple, backend: str) -> Block:
-    """R^(ij) from the store, moved to the worker's device."""
-    if orient == "test":
+def load_block(
+    store: RatingsStore, orient: str, split: str, rows: tuple, cols: tuple, backend: str
+) -> Block:
+    """R^(ij) from the store (its training or held-out ratings), moved to the worker's device."""
+    if split == "test":
         r, c, v = store.read_coo("test", rows, cols)
         block = coo_to_block(
             r - rows[0], c - cols[0], v, rows[0], cols[0], rows[1] - rows[0], cols[1] - cols[0]
@@ -121,4 +123,8 @@ def recommend_batch(
 
 def to_host(arr: Any, backend: str) -> np.ndarray:
     return get_backend(backend).to_host(arr)
+
+
+def to_backend(array: np.ndarray, backend: str) -> Any:
+    return get_backend(backend).asarray(array)
 

@@ -25,19 +25,26 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .config import PlanConfig, parse_size
-from .errors import ConfigError, PlanError
+from ..config import PlanConfig, parse_size
+from ..devices import nvml_groups
+from ..errors import ConfigError, PlanError
 
 BYTES = 4  # float32
 RATING_BYTES = 12  # int32 index + float32 value + amortized indptr/row
 
 
-@dataclass
-class HalfPlan:
-    """One half-step: solve `n_rows` rows of one factor from `n_cols` rows of the other."""
+Side = Literal["x", "theta"]
 
-    side: Literal["x", "theta"]
-    orient: Literal["row", "col"]
+
+@dataclass
+class HalfStepPlan:
+    """One half-step: solve `n_rows` rows of one factor from `n_cols` rows of the other.
+
+    `side` names the solved factor ("x": update X, Theta fixed; "theta": the reverse); the
+    store orientation it reads (`orient`) and its printed name (`label`) follow from it.
+    """
+
+    side: Side
     n_rows: int
     n_cols: int
     nnz: int
@@ -47,6 +54,11 @@ class HalfPlan:
     row_bounds: list[int]  # q + 1 batch boundaries of the solved factor
     col_bounds: list[int]  # p + 1 part boundaries of the fixed factor
     memory: dict[str, int] = field(default_factory=dict)  # bytes per worker, by item
+
+    @property
+    def orient(self) -> Literal["row", "col"]:
+        """The store orientation whose rows are this half-step's solved rows."""
+        return "row" if self.side == "x" else "col"
 
     @property
     def label(self) -> str:
@@ -61,16 +73,16 @@ class HalfPlan:
 class Plan:
     """Both half-steps, the workers they run on, and whether R stays resident."""
 
-    x: HalfPlan
-    theta: HalfPlan
+    x: HalfStepPlan
+    theta: HalfStepPlan
     workers: int
-    budget: int  # bytes per worker
+    budget: int  # bytes per worker the plan may use (before headroom)
     resident: bool
     reduction: str
     groups: list[list[int]] | None
     backend: str
 
-    def half(self, side: str) -> HalfPlan:
+    def half(self, side: str) -> HalfStepPlan:
         return self.x if side == "x" else self.theta
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,8 +144,8 @@ def _memory(n_rows: int, n_cols: int, nnz: int, f: int, p: int, q: int, fused: b
     return est
 
 
-def plan_half(
-    side: Literal["x", "theta"],
+def _half_step(
+    side: Side,
     n_rows: int,
     n_cols: int,
     nnz: int,
@@ -145,7 +157,7 @@ def plan_half(
     p: int | None = None,
     q: int | None = None,
     fused: bool = False,
-) -> HalfPlan:
+) -> HalfStepPlan:
     """Choose p and q for one half-step (paper's best practices), honouring forced values."""
     fits = lambda p_, q_: sum(_memory(n_rows, n_cols, nnz, f, p_, q_, fused).values()) < budget  # noqa: E731
     q_max = max(1, n_rows)
@@ -172,9 +184,8 @@ def plan_half(
             f"update {side}: p={p}, q={q} needs {sum(memory.values()) / 1e9:.2f} GB per worker, "
             f"more than the {budget / 1e9:.2f} GB budget; raise q, lower f, or add memory"
         )
-    return HalfPlan(
+    return HalfStepPlan(
         side=side,
-        orient="row" if side == "x" else "col",
         n_rows=n_rows,
         n_cols=n_cols,
         nnz=nnz,
@@ -201,19 +212,28 @@ def make_plan(
     nnz: int,
     f: int,
     workers: int,
-    budget: int,
-    row_counts: np.ndarray | None,
-    col_counts: np.ndarray | None,
+    memory: int,
+    row_counts: np.ndarray | None = None,
+    col_counts: np.ndarray | None = None,
     config: PlanConfig | None = None,
     backend: str = "numpy",
 ) -> Plan:
     """The plan for a whole iteration: update X (Theta fixed), then update Theta (X fixed).
 
-    Without the counts (a store not built yet) batches and parts split rows evenly.
+    `memory` is the smallest worker's memory in bytes (GPU memory on GPU workers);
+    ``config.memory_budget`` may lower it (a size or a fraction of it). Without the counts (a
+    store not built yet) batches and parts split rows evenly. The two-phase reduction takes
+    its worker groups from ``config.groups``, else (GPU workers) from the NVML topology.
     """
     row_counts = m if row_counts is None else row_counts
     col_counts = n if col_counts is None else col_counts
     config = config or PlanConfig()
+    budget = memory
+    if config.memory_budget is not None:
+        budget = parse_size(config.memory_budget, memory) or memory
+    groups = config.groups
+    if config.reduction == "two-phase" and groups is None and backend == "cupy":
+        groups = nvml_groups(workers)  # None: one flat group
     if f < 1:
         raise PlanError(f"factors must be at least 1, got {f}")
     if workers < 1:
@@ -226,7 +246,7 @@ def make_plan(
         "x": (m, n, row_counts, col_counts, config.x),
         "theta": (n, m, col_counts, row_counts, config.theta),
     }.items():
-        halves[side] = plan_half(
+        halves[side] = _half_step(
             side,
             rows,
             cols,
@@ -252,11 +272,11 @@ def make_plan(
             f"of {working / 1e9:.2f} GB of working memory (budget {usable / 1e9:.2f} GB); "
             "set plan.resident: false to stream blocks from the store"
         )
-    if config.groups is not None:
-        flat = sorted(w for g in config.groups for w in g)
+    if groups is not None:
+        flat = sorted(w for g in groups for w in g)
         if flat != list(range(workers)):
             raise ConfigError(
-                f"plan.groups {config.groups} must name every worker 0..{workers - 1} exactly once"
+                f"plan.groups {groups} must name every worker 0..{workers - 1} exactly once"
             )
     return Plan(
         x=x,
@@ -265,6 +285,6 @@ def make_plan(
         budget=budget,
         resident=bool(resident),
         reduction=config.reduction,
-        groups=config.groups,
+        groups=groups,
         backend=backend,
     )

@@ -1,0 +1,73 @@
+"""A fit's live state on its cluster: X and Theta as pieces on the workers, and what can be
+done with them there (export as Dask arrays, gather to this process, recommend in batches).
+
+It holds the client, so it lives only as long as the client does; the estimator keeps it out
+of its pickled state.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from ..data.store import RatingsStore
+from . import tasks
+from .halfstep import SUALSEngine
+from .placement import Factor
+
+
+class Session:
+    """The engine of a finished fit and its factors on the workers."""
+
+    def __init__(self, engine: SUALSEngine, X: Factor, theta: Factor):
+        self.engine = engine
+        self.X = X
+        self.theta = theta
+
+    @property
+    def client(self) -> Any:
+        return self.engine.client
+
+    def _dask(self, factor: Factor) -> da.Array:
+        backend, client = self.engine.backend, self.client
+        parts = [
+            da.from_delayed(
+                client.submit(tasks.to_host, fut, backend, pure=False),
+                shape=(hi - lo, factor.f),
+                dtype=np.float32,
+            )
+            for lo, hi, fut in factor.pieces
+        ]
+        return da.concatenate(parts, axis=0)
+
+    def factors_as_dask(self) -> tuple[da.Array, da.Array]:
+        """(X, Theta) as Dask arrays of host (NumPy) chunks, still on the cluster."""
+        return self._dask(self.X), self._dask(self.theta)
+
+    def gather(self) -> tuple[np.ndarray, np.ndarray]:
+        """(X, Theta) as NumPy arrays in this process."""
+        X, Theta = self.factors_as_dask()
+        return tuple(self.client.compute([X, Theta], sync=True))  # type: ignore[return-value]
+
+    def recommend(
+        self,
+        user_factors: np.ndarray,
+        item_factors: np.ndarray,
+        chunks: list[np.ndarray],
+        k: int,
+        store: RatingsStore | None,
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Top-k of each chunk of users, one task per chunk on the workers (Theta broadcast)."""
+        client, backend = self.client, self.engine.backend.partition("+")[0]
+        [theta] = client.scatter([item_factors], broadcast=True)
+        futures = [
+            client.submit(
+                tasks.recommend_batch, user_factors[c], theta, c, k, store, backend,
+                key=f"recommend-batch{i}-{self.engine.run}-{uuid.uuid4().hex[:6]}",
+            )
+            for i, c in enumerate(chunks)
+        ]
+        return client.gather(futures)
