@@ -25,6 +25,7 @@ from .errors import ConfigError
 DuplicatePolicy = Literal["error", "last", "mean"]
 Reduction = Literal["scatter", "two-phase", "one"]
 BackendName = Literal["auto", "numpy", "cupy"]
+Protocol = Literal["auto", "tcp", "ucx"]
 
 
 @dataclass
@@ -121,6 +122,7 @@ class ClusterConfig:
     memory_limit: str | None = None  # per local CPU worker, e.g. "4GB"
     devices: list[int] | None = None  # GPUs to use (CUDA_VISIBLE_DEVICES), None: all
     rmm_pool_size: str | None = None  # e.g. "20GB": RMM pool per GPU worker (needs rmm)
+    protocol: Protocol = "auto"  # transport between local GPU workers; auto: UCX if it can
     dashboard_address: str | None = ":0"  # None: no dashboard
 
 

@@ -10,7 +10,13 @@ from typing import Any
 from .callbacks import Log, Progress
 from .config import Config
 from .data.store import RatingsStore
-from .engine.cluster import backend_on, cluster_client, worker_addresses, worker_memory
+from .engine.cluster import (
+    backend_on,
+    cluster_client,
+    transport,
+    worker_addresses,
+    worker_memory,
+)
 from .engine.plan import Plan, make_plan
 from .errors import StoreError
 from .model import ALS
@@ -129,6 +135,7 @@ def train(
                          progress=progress, log=log)  # fmt: skip
     if client.dashboard_link and config.cluster.dashboard_address is not None:
         log(f"Dask dashboard: {client.dashboard_link}")
+    log(f"{len(worker_addresses(client))} workers, transport {transport(client)}")
     store = prepare_store(config, client, progress, log)
     run = RunFolder.latest(config) if resume else None
     if resume and run is None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from functools import cache
 
+from ..checks import check_choice
 from ..devices import has_cuda
-from .base import Backend
+from .base import PRECISIONS, Backend
 
 __all__ = ["PRECISIONS", "Backend", "backend_spec", "get_backend", "resolve_backend_name"]
-
-PRECISIONS = ("float32", "bfloat16")
 
 
 def resolve_backend_name(name: str = "auto") -> str:
@@ -23,8 +22,7 @@ def resolve_backend_name(name: str = "auto") -> str:
 
 def backend_spec(name: str, precision: str = "float32") -> str:
     """The string tasks carry to name a backend: 'cupy', or 'cupy+bfloat16' for a precision."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    check_choice("precision", precision, PRECISIONS)
     name = resolve_backend_name(name)
     return name if precision == "float32" else f"{name}+{precision}"
 

@@ -27,6 +27,9 @@ from typing import Any
 import numpy as np
 
 from ..blocks import Block
+from ..checks import check_choice
+
+PRECISIONS = ("float32", "bfloat16")  # storage of the fixed factor in the Gram build
 
 
 class Backend(ABC):
@@ -36,9 +39,11 @@ class Backend(ABC):
     xp: Any = np
 
     def __init__(self, precision: str = "float32"):
-        if precision not in ("float32", "bfloat16"):
-            raise ValueError(f"unknown precision {precision!r}; use 'float32' or 'bfloat16'")
+        check_choice("precision", precision, PRECISIONS)
         self.precision = precision
+
+    def prepare(self, f: int) -> None:  # noqa: B027 - a hook: only the GPU has work to do
+        """Get ready to compute with f factors (the GPU compiles its kernels); no-op here."""
 
     def prepare_fixed(self, fixed: Any) -> Any:
         """The fixed factor at this backend's storage precision (see module doc)."""

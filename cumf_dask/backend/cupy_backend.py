@@ -30,6 +30,7 @@ and B (row f), and the Cholesky factor of that extended matrix carries the forwa
 
 from __future__ import annotations
 
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,6 @@ def systems_per_block(padded: int) -> int:
     return 32 // tiles if tiles < 32 else 1
 
 
-@cache
 def kernels(
     padded: int, device: int, threads_per_sm: int = THREADS_PER_SM, element: str = "float"
 ) -> dict[str, Any]:
@@ -85,7 +85,18 @@ def kernels(
 
     The kernels' register cap asks for ``threads_per_sm`` resident threads per SM.
     ``element``: the fixed factor's element type in the Gram kernels, "float" or "bf16".
+    A thread that asks while another compiles the same kernels waits for it (the engine
+    compiles them in the background while the blocks load).
     """
+    with _COMPILING:
+        return _compile(padded, device, threads_per_sm, element)
+
+
+_COMPILING = threading.Lock()
+
+
+@cache
+def _compile(padded: int, device: int, threads_per_sm: int, element: str) -> dict[str, Any]:
     threads, _ = launch_shape(padded)
     min_blocks = max(1, threads_per_sm // threads)
     names = {"hermitian": f"hermitian_kernel<{padded}, {threads}, {min_blocks}, {element}>"}
@@ -156,6 +167,10 @@ class CupyBackend(Backend):
 
     def to_host(self, x: Any) -> np.ndarray:
         return cp.asnumpy(x)
+
+    def prepare(self, f: int) -> None:
+        """Compile (or load from CuPy's disk cache) the kernels for f factors."""
+        self._kernels(f, "bf16" if self.precision == "bfloat16" else "float")
 
     def prepare_fixed(self, fixed: Any) -> Any:
         """float32: as given; bfloat16: stored as bfloat16 bits (``bfloat16_rows``)."""

@@ -135,8 +135,30 @@ def _cuda_cluster(config: ClusterConfig) -> Any:
     if config.rmm_pool_size:
         kwargs["rmm_pool_size"] = config.rmm_pool_size
         kwargs["rmm_allocator_external_lib_list"] = ["cupy"]
+    gpus = len(config.devices) if config.devices is not None else cuda_device_count()
+    if cuda_protocol(config.protocol, gpus) == "ucx":
+        kwargs.update(protocol="ucx", enable_nvlink=True, enable_tcp_over_ucx=True)
     kwargs["dashboard_address"] = _dashboard(config)
     return LocalCUDACluster(**kwargs)
+
+
+def cuda_protocol(protocol: str, gpus: int) -> str:
+    """The transport of a local GPU cluster: UCX (NVLink between GPUs) when asked, or for
+    "auto" when there are several GPUs and distributed-ucxx is installed; else TCP."""
+    ucx = has_module("distributed_ucxx")
+    if protocol == "ucx" and not ucx:
+        raise ConfigError(
+            "cluster.protocol is ucx but distributed-ucxx is not installed: pip install "
+            "'cumf-dask[gpu]' (it brings distributed-ucxx-cu13), or set cluster.protocol: tcp"
+        )
+    if protocol == "ucx" or (protocol == "auto" and ucx and gpus > 1):
+        return "ucx"
+    return "tcp"
+
+
+def transport(client: Client) -> str:
+    """The scheduler's protocol as a word for logs: "tcp", "ucx", "inproc"."""
+    return str(client.scheduler.address).split("://", 1)[0]
 
 
 def _dashboard(config: ClusterConfig) -> str:

@@ -105,6 +105,13 @@ class SUALSEngine:
             compute=False,
         )  # fmt: skip
 
+    def prepare(self, f: int) -> None:
+        """Compile each worker's kernels in the background (not a compute task: loads and
+        computations that need the kernels wait for the compile lock, not for this task)."""
+        for k, worker in enumerate(self.place.workers):
+            self.submit(tasks.prepare, f, self.backend, key=f"prepare-{k}", worker=worker,
+                        compute=False)  # fmt: skip
+
     # ------------------------------------------------------------------ factors
     def initial(self, n_rows: int, f: int, seed: int) -> Factor:
         """The seeded initial factor, one piece per worker."""

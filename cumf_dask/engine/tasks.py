@@ -37,6 +37,11 @@ def load_block(
     return get_backend(backend).block_to_device(block)
 
 
+def prepare(f: int, backend: str) -> None:
+    """Compile the backend's kernels for f factors (runs while the blocks load)."""
+    get_backend(backend).prepare(f)
+
+
 def load_counts(store: RatingsStore, orient: str, rows: tuple, backend: str) -> Any:
     """Total rating counts of rows [lo, hi) (for weighted lambda)."""
     counts = np.asarray(
