@@ -189,3 +189,20 @@ def test_local_cuda_cluster_end_to_end(ratings, reference, tmp_path):
         assert model.plan_.backend == "cupy"
     assert rel_err(model.user_factors_, reference[0]) < 1e-4
     assert rel_err(model.item_factors_, reference[1]) < 1e-4
+
+
+def _incoming_keys(dask_worker) -> list[str]:
+    return [str(key) for entry in dask_worker.transfer_incoming_log for key in entry["keys"]]
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_rating_blocks_never_move_between_workers(stores, clients, reference, p):
+    """Blocks are loaded where they are used and stay there: only factor pieces and partial
+    Hermitians cross between workers, never R."""
+    client = clients(2)
+    client.run(lambda dask_worker: dask_worker.transfer_incoming_log.clear())
+    model = _fit(stores[SMALL], client, p=p, q=2, resident=True)
+    assert rel_err(model.user_factors_, reference[0]) < 1e-4
+    moved = [k for keys in client.run(_incoming_keys).values() for k in keys]
+    assert any(k.startswith(("gather-", "slice-", "update-")) for k in moved)
+    assert not [k for k in moved if k.startswith(("load-", "counts-"))]

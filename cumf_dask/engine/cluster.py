@@ -8,7 +8,9 @@ on GPU workers a node-local CuPy kernel cache so processes do not race on one di
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +22,7 @@ from ..compat import has_module
 from ..config import ClusterConfig, parse_size
 from ..devices import cuda_device_count, gpu_total_memory, has_cuda
 from ..errors import ConfigError
+from . import tasks
 from .placement import COMPUTE
 
 # Local workers get one thread more than cluster.threads_per_worker and this many units of
@@ -185,6 +188,32 @@ def worker_memory(client: Client, backend: str) -> int:
 
         return int(psutil.virtual_memory().total / max(len(limits), 1))
     return min(limits)
+
+
+def measure_link(client: Client, workers: list[str], backend: str, nbytes: int = 64 << 20):
+    """Bytes/s from the first worker to the second, timed on real transfers of `nbytes` in
+    the backend's arrays (device memory on GPU workers), minus a tiny transfer's time; inf
+    when the transfer costs nothing measurable (in-process workers), None for one worker."""
+    if len(workers) < 2:
+        return None
+    source, sink = workers[:2]
+
+    def transfer_seconds(size: int) -> float:
+        arrays = [
+            client.submit(tasks.filler, size, backend, workers=[source], pure=False)
+            for _ in range(2)
+        ]
+        for arr in arrays:  # made on the source (waited for there, not moved)
+            client.submit(tasks.nbytes, arr, workers=[source], pure=False).result()
+        times = []
+        for arr in arrays:  # a fresh array each time: a replica would not move again
+            t0 = time.perf_counter()
+            client.submit(tasks.nbytes, arr, workers=[sink], pure=False).result()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    moved = transfer_seconds(nbytes) - transfer_seconds(8)
+    return nbytes / moved if moved > 1e-4 else math.inf
 
 
 def backend_on(client: Client, name: str) -> str:

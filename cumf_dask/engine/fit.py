@@ -20,7 +20,13 @@ from ..checkpoint import Checkpointer
 from ..config import PlanConfig
 from ..data.store import RatingsStore
 from ..errors import ConfigError, StoreError
-from .cluster import CumfWorkerSetup, has_compute_slots, worker_addresses, worker_memory
+from .cluster import (
+    CumfWorkerSetup,
+    has_compute_slots,
+    measure_link,
+    worker_addresses,
+    worker_memory,
+)
 from .halfstep import SUALSEngine
 from .placement import Factor
 from .plan import Plan, make_plan
@@ -75,7 +81,7 @@ def fit(
     plan = make_plan(
         store.m, store.n, store.nnz, params.factors, len(workers),
         worker_memory(client, backend), store.counts("row"), store.counts("col"),
-        plan_config, backend,
+        plan_config, backend, link=measure_link(client, workers, backend),
     )  # fmt: skip
     engine = SUALSEngine(
         client, store, plan, params.regularization, backend_spec(backend, params.precision),

@@ -11,8 +11,11 @@ Best practices from the paper, applied in order:
 2. otherwise start from p with n f / p ~ C / 2, and
 3. take the smallest q that fits (never more: more batches only add overhead),
 
-with two additions for Dask: q is at least the number of workers when p = 1 (every worker
-gets batches), and the rating blocks stay resident on the workers (loaded once) when both
+with three additions for Dask: q is at least the number of workers when p = 1 (every worker
+gets batches); on several workers each half-step may instead be data parallel over the
+batches the other half-step solved (p = its q, parts where they were solved), whichever the
+cost model (:mod:`.costs`: compute, bytes moved at the link's bandwidth, task overhead)
+predicts faster; and the rating blocks stay resident on the workers (loaded once) when both
 orientations fit next to the working set, else they stream from the store each half-step.
 Partition boundaries balance ratings, not rows, so skewed data loads workers evenly.
 """
@@ -28,6 +31,7 @@ import numpy as np
 from ..config import PlanConfig, parse_size
 from ..devices import nvml_groups
 from ..errors import ConfigError, PlanError
+from .costs import ASSUMED_LINK, half_step_cost
 
 BYTES = 4  # float32
 RATING_BYTES = 12  # int32 index + float32 value + amortized indptr/row
@@ -54,6 +58,8 @@ class HalfStepPlan:
     row_bounds: list[int]  # q + 1 batch boundaries of the solved factor
     col_bounds: list[int]  # p + 1 part boundaries of the fixed factor
     memory: dict[str, int] = field(default_factory=dict)  # bytes per worker, by item
+    aligned: bool = False  # p > 1 over the batches the other half-step solved, where it did
+    predicted: dict[str, float] = field(default_factory=dict)  # seconds and bytes, .costs
 
     @property
     def orient(self) -> Literal["row", "col"]:
@@ -81,6 +87,8 @@ class Plan:
     reduction: str
     groups: list[list[int]] | None
     backend: str
+    link: float = math.inf  # bytes/s between workers the costs assume
+    link_measured: bool = False  # measured on the cluster, else assumed from the transport
 
     def half(self, side: str) -> HalfStepPlan:
         return self.x if side == "x" else self.theta
@@ -96,7 +104,7 @@ class Plan:
             f"worker, R {'resident on workers' if self.resident else 'streamed from the store'}, "
             f"reduction: {self.reduction if max(self.x.p, self.theta.p) > 1 else 'none (p = 1)'}",
             f"{'half-step':<14}{'p':>4}{'q':>6}{'rows/batch':>12}{'fixed/part':>12}"
-            f"{'R/block':>12}{'A,B/batch':>12}{'peak GB':>9}",
+            f"{'R/block':>12}{'A,B/batch':>12}{'peak GB':>9}{'moved MB':>10}{'predicted s':>12}",
         ]
         for h in (self.x, self.theta):
             rows = max(np.diff(h.row_bounds))
@@ -105,8 +113,19 @@ class Plan:
                 f"update {h.label:<7}{h.p:>4}{h.q:>6}{rows:>12,}{cols:>12,}"
                 f"{h.memory.get('R block', 0) / gb:>11.3f}G"
                 f"{(h.memory.get('A', 0) + h.memory.get('B', 0)) / gb:>11.3f}G"
-                f"{h.peak / gb:>9.3f}"
+                f"{h.peak / gb:>9.3f}{h.predicted.get('moved', 0) / 1e6:>10.1f}"
+                f"{h.predicted.get('seconds', 0):>12.4f}"
             )
+        if self.workers > 1:
+            link = "in-process" if math.isinf(self.link) else f"{self.link / 1e9:.1f} GB/s"
+            how = "measured" if self.link_measured else "assumed"
+            aligned = [h.label for h in (self.x, self.theta) if h.aligned]
+            lines.append(
+                f"cost model: link {link} ({how}); "
+                + (f"update {aligned[0]} is data parallel over the batches the other "
+                   "half-step solved (the fixed factor does not move)" if aligned
+                   else "both half-steps replicate the fixed factor or are forced")
+            )  # fmt: skip
         return "\n".join(lines)
 
 
@@ -158,7 +177,10 @@ def _half_step(
     q: int | None = None,
     fused: bool = False,
 ) -> HalfStepPlan:
-    """Choose p and q for one half-step (paper's best practices), honouring forced values."""
+    """Choose p and q for one half-step (paper's best practices), honouring forced values.
+
+    Its ``predicted`` cost is filled in by make_plan, which knows the link.
+    """
     fits = lambda p_, q_: sum(_memory(n_rows, n_cols, nnz, f, p_, q_, fused).values()) < budget  # noqa: E731
     q_max = max(1, n_rows)
     if p is None:
@@ -217,6 +239,9 @@ def make_plan(
     col_counts: np.ndarray | None = None,
     config: PlanConfig | None = None,
     backend: str = "numpy",
+    *,
+    link: float | None = None,
+    transport: str = "tcp",
 ) -> Plan:
     """The plan for a whole iteration: update X (Theta fixed), then update Theta (X fixed).
 
@@ -224,9 +249,9 @@ def make_plan(
     ``config.memory_budget`` may lower it (a size or a fraction of it). Without the counts (a
     store not built yet) batches and parts split rows evenly. The two-phase reduction takes
     its worker groups from ``config.groups``, else (GPU workers) from the NVML topology.
+    `link` is the measured bandwidth between workers (bytes/s); without it the cost model
+    assumes one for the `transport` ("tcp", "ucx", "inproc").
     """
-    row_counts = m if row_counts is None else row_counts
-    col_counts = n if col_counts is None else col_counts
     config = config or PlanConfig()
     budget = memory
     if config.memory_budget is not None:
@@ -238,29 +263,31 @@ def make_plan(
         raise PlanError(f"factors must be at least 1, got {f}")
     if workers < 1:
         raise PlanError("the cluster has no workers; start some or check the scheduler address")
-    headroom = parse_size(config.headroom, budget) or 0
-    usable = budget - headroom
-    fused = backend == "cupy"
-    halves = {}
-    for side, (rows, cols, rc, cc, forced) in {
-        "x": (m, n, row_counts, col_counts, config.x),
-        "theta": (n, m, col_counts, row_counts, config.theta),
-    }.items():
-        halves[side] = _half_step(
-            side,
-            rows,
-            cols,
-            nnz,
-            f,
-            workers,
-            usable,
-            rc,
-            cc,
-            p=forced.p if forced.p is not None else config.p,
-            q=forced.q if forced.q is not None else config.q,
-            fused=fused,
-        )
-    x, theta = halves["x"], halves["theta"]
+    usable = budget - (parse_size(config.headroom, budget) or 0)
+    rc: np.ndarray | int = m if row_counts is None else row_counts
+    cc: np.ndarray | int = n if col_counts is None else col_counts
+    sides = {"x": (m, n, rc, cc, config.x), "theta": (n, m, cc, rc, config.theta)}
+
+    def half(side: Side, p: int | None, q: int | None) -> HalfStepPlan:
+        rows, cols, rc, cc, _ = sides[side]
+        return _half_step(side, rows, cols, nnz, f, workers, usable, rc, cc, p=p, q=q,
+                          fused=backend == "cupy")  # fmt: skip
+
+    forced = {
+        side: (sc.p if sc.p is not None else config.p, sc.q if sc.q is not None else config.q)
+        for side, (*_, sc) in sides.items()
+    }
+    link_bw = link if link is not None else ASSUMED_LINK.get(transport, ASSUMED_LINK["tcp"])
+    x, theta = (half(side, *forced[side]) for side in ("x", "theta"))  # type: ignore[arg-type]
+    for h, other in ((x, theta), (theta, x)):
+        _price(h, other, workers, backend, link_bw)
+    candidates = [(x, theta)]
+    if workers > 1:
+        for side in ("x", "theta"):
+            alternative = _aligned(side, x, theta, forced, half, workers, backend, link_bw)
+            if alternative is not None:
+                candidates.append(alternative)
+    x, theta = min(candidates, key=lambda c: c[0].predicted["seconds"] + c[1].predicted["seconds"])
     resident_bytes = 2 * nnz * RATING_BYTES / workers
     working = max(x.peak, theta.peak)
     resident = config.resident
@@ -279,12 +306,40 @@ def make_plan(
                 f"plan.groups {groups} must name every worker 0..{workers - 1} exactly once"
             )
     return Plan(
-        x=x,
-        theta=theta,
-        workers=workers,
-        budget=budget,
-        resident=bool(resident),
-        reduction=config.reduction,
-        groups=groups,
-        backend=backend,
+        x=x, theta=theta, workers=workers, budget=budget, resident=bool(resident),
+        reduction=config.reduction, groups=groups, backend=backend, link=link_bw,
+        link_measured=link is not None,
+    )  # fmt: skip
+
+
+def _price(h: HalfStepPlan, other: HalfStepPlan, workers: int, backend: str, link: float) -> None:
+    """Fill in h.predicted from the cost model."""
+    cost = half_step_cost(
+        h.n_rows, h.n_cols, h.nnz, h.f, h.p, h.q, workers, backend, link, aligned=h.aligned
     )
+    h.predicted = {**asdict(cost), "seconds": cost.seconds}
+
+
+def _aligned(
+    side: Side,
+    x: HalfStepPlan,
+    theta: HalfStepPlan,
+    forced: dict[str, tuple[int | None, int | None]],
+    half: Any,
+    workers: int,
+    backend: str,
+    link: float,
+) -> tuple[HalfStepPlan, HalfStepPlan] | None:
+    """(x, theta) with `side` data parallel over the batches the other half-step solved, or
+    None when p or q of that side is forced, the other half-step is not model parallel over
+    several batches, or it does not fit the memory."""
+    other = theta if side == "x" else x
+    if forced[side][0] is not None or other.p != 1 or other.q < 2:
+        return None
+    try:
+        alt = half(side, other.q, forced[side][1])
+    except PlanError:
+        return None
+    alt.aligned = alt.col_bounds == other.row_bounds
+    _price(alt, other, workers, backend, link)
+    return (alt, theta) if side == "x" else (x, alt)

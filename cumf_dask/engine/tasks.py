@@ -126,6 +126,15 @@ def recommend_batch(
     return be.to_host(idx), be.to_host(score)
 
 
+def filler(nbytes: int, backend: str) -> Any:
+    """An array of `nbytes` in the backend's memory (for timing transfers)."""
+    return get_backend(backend).xp.ones(max(1, nbytes // 4), dtype=np.float32)
+
+
+def nbytes(arr: Any) -> int:
+    return int(arr.nbytes)
+
+
 def to_host(arr: Any, backend: str) -> np.ndarray:
     return get_backend(backend).to_host(arr)
 

@@ -1,0 +1,95 @@
+"""What a half-step costs: seconds of computing, bytes moved between workers, and the time
+the planner predicts for both, so it can choose the plan that moves the least.
+
+The two ways to run a half-step on W workers, for n_rows solved rows and n_cols fixed rows:
+
+* replicate (p = 1): every worker gathers the whole fixed factor (it receives
+  ``n_cols f 4 (W-1)/W`` bytes), then runs the fused update on its batches;
+* data parallel (p > 1): each worker builds partial Hermitians of the solved rows from its
+  part of the fixed factor; the reduce-scatter moves packed triangles, each worker receiving
+  about ``n_rows (f(f+1)/2 + f) 4 (W-1)/W`` bytes in all. When the parts are the batches the
+  other half-step solved (p = its q, on the same workers), the fixed factor does not move.
+
+Rates are nominal per backend (measured: benchmarks/RESULTS.md, GPU kernels on an H100/H200
+and the NumPy backend on a 2-core CPU); the link bandwidth is measured on the cluster when
+a fit starts (``cluster.measure_link``), else assumed from the transport.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+BYTES = 4  # float32
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What the model assumes of one worker: flop/s of the Hermitian build (counted as
+    nnz f (f+1)) fused with the solve (p = 1) and stand-alone (A stored, p > 1), flop/s of
+    the batched Cholesky (rows f^3 / 3), and seconds of scheduling per task."""
+
+    gram_fused: float
+    gram_stored: float
+    solve: float
+    task: float
+
+
+RATES = {
+    "cupy": Rates(gram_fused=29e12, gram_stored=20e12, solve=6e12, task=1e-3),
+    "numpy": Rates(gram_fused=8e9, gram_stored=8e9, solve=3e9, task=1e-3),
+}
+# bytes/s between two workers when nothing was measured, by the scheduler's protocol
+ASSUMED_LINK = {"ucx": 60e9, "tcp": 1.5e9, "inproc": math.inf}
+
+
+@dataclass(frozen=True)
+class HalfStepCost:
+    """Predicted cost of one half-step on the busiest worker."""
+
+    compute: float  # seconds
+    moved: float  # bytes a worker receives
+    transfer: float  # seconds to receive them
+    tasks: float  # seconds of task overhead
+
+    @property
+    def seconds(self) -> float:
+        return self.compute + self.transfer + self.tasks
+
+
+def half_step_cost(
+    n_rows: int,
+    n_cols: int,
+    nnz: int,
+    f: int,
+    p: int,
+    q: int,
+    workers: int,
+    backend: str,
+    link: float,
+    aligned: bool = False,
+) -> HalfStepCost:
+    """Predicted cost of a half-step with p parts and q batches on `workers` workers.
+
+    `aligned`: (p > 1) the parts are where the other half-step solved them, so the fixed
+    factor is not gathered.
+    """
+    rates = RATES.get(backend.partition("+")[0], RATES["numpy"])
+    w = max(1, workers)
+    remote = (w - 1) / w
+    flop_gram = nnz * f * (f + 1)
+    flop_solve = n_rows * f**3 / 3
+    if p == 1:
+        busy = min(w, q)
+        compute = (flop_gram / rates.gram_fused + flop_solve / rates.solve) / busy
+        moved = n_cols * f * BYTES * remote
+        tasks = q / busy
+    else:
+        busy = min(w, p)
+        compute = flop_gram / rates.gram_stored / busy + flop_solve / rates.solve / w
+        moved = n_rows * (f * (f + 1) / 2 + f) * BYTES * remote
+        if not aligned:
+            moved += n_cols / w * f * BYTES * remote
+        tasks = q * (p + p * p + p) / w  # hermitian, slices, solves
+    transfer = 0.0 if moved == 0 else moved / link
+    return HalfStepCost(compute, moved, transfer, tasks * rates.task)
