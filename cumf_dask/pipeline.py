@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -106,6 +107,17 @@ def job_plan(
     return make_plan(*shape, f, workers, memory, *counts, config.plan, backend), False
 
 
+def predicted_and_measured(plan: Plan, metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cost model's seconds per half-step beside the measured median of the iterations
+    after the first (which loads the blocks and compiles kernels)."""
+    steady = metrics[1:] or metrics
+    out: dict[str, Any] = {}
+    for h, key in ((plan.x, "x_seconds"), (plan.theta, "theta_seconds")):
+        measured = statistics.median(r[key] for r in steady) if steady else None
+        out[h.label] = {"predicted": h.predicted.get("seconds"), "measured": measured}
+    return out
+
+
 @dataclass
 class TrainResult:
     model: ALS
@@ -184,6 +196,7 @@ def train(
         "planted_test_rmse": store.source.get("planted_test_rmse"),
         "model": str(run.model),
         "plot": str(plot) if plot else None,
+        "half_step_seconds": predicted_and_measured(model.plan_, model.metrics_),
     }  # fmt: skip
     run.write_summary(summary)
     return TrainResult(model, run, store, summary)

@@ -1,0 +1,113 @@
+"""Several GPUs against one on the same data, in one process: speed-up, transport, plan, RMSE.
+
+    python3 benchmarks/bench_scaling.py --preset netflix --nnz 99000000 --factors 100
+    python3 benchmarks/bench_scaling.py --preset yahoomusic --factors 100 --lam 1.4 --gpus 1 2 4
+    python3 benchmarks/bench_scaling.py ... --reductions     # forced p = W: scatter, two-phase, one
+
+For each cluster (1 GPU; then each count of --gpus over TCP and over UCX/NVLink when
+distributed-ucxx is installed) a fresh LocalCUDACluster fits the same store with the same
+seed; prints the device, shape, f, the median seconds per iteration after the first (X and
+Theta half-steps), the planner's predicted seconds, the measured link bandwidth, the test
+RMSE, and the speed-up over one GPU (test RMSE must agree to 4 digits). --reductions adds
+runs with a forced data-parallel plan for each reduction strategy. Records go to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from bench_iteration import device_name, get_store
+
+from cumf_dask import ALS
+from cumf_dask.compat import has_module
+from cumf_dask.config import ClusterConfig, PlanConfig
+from cumf_dask.engine.cluster import cluster_client, transport
+
+
+def run(store, args, gpus: int, protocol: str, plan: PlanConfig) -> dict:
+    config = ClusterConfig(
+        backend="cupy", devices=list(range(gpus)), protocol=protocol, dashboard_address=None
+    )
+    t0 = time.perf_counter()
+    with cluster_client(config) as client:
+        started = time.perf_counter() - t0
+        model = ALS(args.factors, args.lam, args.iterations, backend="cupy", plan=plan)
+        t1 = time.perf_counter()
+        model.fit(store, client=client)
+        wall = time.perf_counter() - t1
+        scheme = transport(client)
+    steady = model.metrics_[1:]
+    return {
+        "gpus": gpus,
+        "transport": scheme,
+        "reduction": plan.reduction,
+        "plan": {h.label: [h.p, h.q] for h in (model.plan_.x, model.plan_.theta)},
+        "link_gb_s": model.plan_.link / 1e9,
+        "cluster_start_s": started,
+        "fit_wall_s": wall,
+        "iteration1_s": model.metrics_[0]["seconds"],
+        "median_s": statistics.median(r["seconds"] for r in steady),
+        "x_s": statistics.median(r["x_seconds"] for r in steady),
+        "theta_s": statistics.median(r["theta_seconds"] for r in steady),
+        "predicted_s": sum(h.predicted["seconds"] for h in (model.plan_.x, model.plan_.theta)),
+        "test_rmse": model.metrics_[-1]["test_rmse"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="netflix")
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--m", type=int)
+    parser.add_argument("--n", type=int)
+    parser.add_argument("--nnz", type=int, help="train ratings (default: the preset's)")
+    parser.add_argument("--factors", type=int, default=100)
+    parser.add_argument("--lam", type=float, default=0.05)
+    parser.add_argument("--iterations", type=int, default=6)
+    parser.add_argument("--gpus", type=int, nargs="+", default=[2])
+    parser.add_argument("--reductions", action="store_true")
+    parser.add_argument("--data", default="/tmp/cumf-bench")
+    parser.add_argument("--json", help="append the records to this JSON-lines file")
+    args = parser.parse_args()
+    store = get_store(args)
+    runs = [run(store, args, 1, "tcp", PlanConfig())]
+    protocols = ["tcp", "ucx"] if has_module("distributed_ucxx") else ["tcp"]
+    for gpus in args.gpus:
+        for protocol in protocols:
+            runs.append(run(store, args, gpus, protocol, PlanConfig()))
+        if args.reductions:
+            for reduction in ("scatter", "two-phase", "one"):
+                groups = [[g] for g in range(gpus)] if reduction == "two-phase" else None
+                forced = PlanConfig(p=gpus, q=2, reduction=reduction, groups=groups)
+                runs.append(run(store, args, gpus, protocols[-1], forced))
+    one = runs[0]
+    print(f"device: {device_name('cupy')}")
+    print(f"shape: {store.m:,} x {store.n:,}, {store.nnz:,} ratings, f={args.factors}, "
+          f"lambda={args.lam}, {args.iterations} iterations (median of 2..)")  # fmt: skip
+    head = (f"{'gpus':>4} {'transport':>9} {'reduction':>9} {'plan X,Theta':>16} {'link GB/s':>9} "
+            f"{'it1 s':>6} {'s/it':>7} {'X s':>7} {'Theta s':>7} {'pred s':>7} {'speed-up':>8} "
+            f"{'test RMSE':>9}")  # fmt: skip
+    print(head)
+    for r in runs:
+        r["speedup"] = one["median_s"] / r["median_s"]
+        r["rmse_matches"] = round(r["test_rmse"], 4) == round(one["test_rmse"], 4)
+        plan = f"{r['plan']['X']}/{r['plan']['Theta']}".replace(" ", "")
+        print(f"{r['gpus']:>4} {r['transport']:>9} {r['reduction']:>9} {plan:>16} "
+              f"{r['link_gb_s']:>9.1f} {r['iteration1_s']:>6.2f} {r['median_s']:>7.4f} "
+              f"{r['x_s']:>7.4f} {r['theta_s']:>7.4f} {r['predicted_s']:>7.4f} "
+              f"{r['speedup']:>7.2f}x {r['test_rmse']:>9.4f}"
+              + ("" if r["rmse_matches"] else "  RMSE DIFFERS"))  # fmt: skip
+    if args.json:
+        record = {"date": time.strftime("%Y-%m-%d"), "device": device_name("cupy"),
+                  "shape": [store.m, store.n], "nnz": store.nnz, "factors": args.factors,
+                  "runs": runs}  # fmt: skip
+        with Path(args.json).open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    main()
