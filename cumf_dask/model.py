@@ -15,7 +15,7 @@ import numpy as np
 from .backend import PRECISIONS, backend_spec, get_backend, resolve_backend_name
 from .checkpoint import MODEL_FORMAT, MODEL_VERSION, Checkpointer, read_factors, write_factors
 from .config import ClusterConfig, PlanConfig
-from .data.builder import build_store
+from .data.spill import build_store
 from .data.store import RatingsStore
 from .engine import tasks
 from .engine.cluster import (

@@ -9,7 +9,7 @@ from distributed import Client, LocalCluster
 from reference import reference_als
 
 from cumf_dask.config import HalfStepPlan, PlanConfig
-from cumf_dask.data.builder import build_store
+from cumf_dask.data.spill import build_store
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
 

@@ -7,7 +7,7 @@ import pytest
 from conftest import random_ratings
 from distributed import Client, LocalCluster
 
-from cumf_dask.data.builder import build_store
+from cumf_dask.data.spill import build_store
 from cumf_dask.errors import ConfigError, StoreError
 from cumf_dask.model import ALS
 

@@ -12,9 +12,11 @@ import zarr
 from conftest import random_ratings
 
 from cumf_dask.blocks import take_rows
-from cumf_dask.data.builder import StoreBuilder, build_store, resolve_duplicates, split_mask
+from cumf_dask.data.duplicates import resolve_duplicates
+from cumf_dask.data.hashing import split_mask
+from cumf_dask.data.spill import StoreBuilder, build_store
 from cumf_dask.data.store import RatingsStore
-from cumf_dask.errors import IngestError, StoreError
+from cumf_dask.errors import ConfigError, IngestError, StoreError
 
 M, N = 130, 70
 
@@ -251,6 +253,6 @@ def test_overwrite_never_deletes_foreign_data(tmp_path, ratings):
     with pytest.raises(StoreError, match="already exists"):
         build_store(url, rows[:5], cols[:5], vals[:5], shape=(M, N))
     assert RatingsStore.open(url).nnz == len(vals)
-    with pytest.raises(IngestError, match="tile_rows"):
+    with pytest.raises(ConfigError, match="tile_rows"):  # an argument, not the data
         build_store(str(tmp_path / "t.zarr"), rows, cols, vals, shape=(M, N), tile_rows=0)
     assert not (tmp_path / "t.zarr").exists() and not (tmp_path / "t.zarr.partial").exists()
