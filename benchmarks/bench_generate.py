@@ -17,10 +17,11 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from cumf_dask.config import GenerateConfig
-from cumf_dask.data.planted import resolve_shape
+from cumf_dask.data.planted import PlantedModel
 from cumf_dask.data.synthetic import generate
 
 
@@ -40,7 +41,7 @@ def describe_device(gpu: bool) -> str:
     return text
 
 
-def run_once(url: str, gen: GenerateConfig, client, gpu: bool) -> dict[str, float]:
+def run_once(url: str, model: PlantedModel, client, gpu: bool) -> dict[str, float]:
     stages: dict[str, float] = {}
     start = time.perf_counter()
 
@@ -48,7 +49,7 @@ def run_once(url: str, gen: GenerateConfig, client, gpu: bool) -> dict[str, floa
         if done == total:
             stages[stage] = time.perf_counter() - start
 
-    store = generate(url, gen, client=client, overwrite=True, progress=progress, use_gpu=gpu)
+    store = generate(url, model, client=client, overwrite=True, progress=progress, use_gpu=gpu)
     total = time.perf_counter() - start
     size = store.size_on_disk() or 0
     return {
@@ -80,6 +81,7 @@ def main() -> None:
         preset=None if custom else args.preset, scale=1.0 if custom else args.scale,
         m=args.m, n=args.n, nnz=args.nnz, rank=args.rank, rating_min=1, rating_max=5,
     )  # fmt: skip
+    model = PlantedModel.create(**asdict(gen))
     workdir = tempfile.mkdtemp(prefix="bench-generate-", dir=args.dir)
     url = str(Path(workdir) / "ratings.zarr")
     print(f"device: {describe_device(args.gpu)}")
@@ -92,7 +94,7 @@ def main() -> None:
     try:
         runs = []
         for i in range(args.repeats):
-            run = run_once(url, gen, client, args.gpu)
+            run = run_once(url, model, client, args.gpu)
             runs.append(run)
             print(
                 f"  run {i + 1}: {run['total_s']:.1f} s (row bands {run['rows_s']:.1f} s, "
@@ -109,7 +111,7 @@ def main() -> None:
     rows = statistics.median(r["rows_s"] for r in runs)
     ratings = first["ratings"]
     label = f"{args.preset} x {args.scale}" if not custom else "custom"
-    m, n, _ = resolve_shape(gen)
+    m, n = model.m, model.n
     print(f"shape: {label}: {m:,} x {n:,}, {ratings:,} ratings, rank {gen.rank}, {first['tiles']}")
     print(f"workers: {args.workers or 'threads'}, gpu: {args.gpu}, repeats: {args.repeats}")
     print(f"ratings generated/s (row bands: generate + write): {ratings / rows / 1e6:.2f} M/s")

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from cumf_dask import ALS, RatingsStore
-from cumf_dask.config import ClusterConfig, GenerateConfig, PlanConfig
+from cumf_dask.config import ClusterConfig, PlanConfig
+from cumf_dask.data.planted import PlantedModel
 from cumf_dask.data.synthetic import generate
 from cumf_dask.engine.cluster import cluster_client
 from cumf_dask.errors import StoreError
@@ -41,7 +42,7 @@ def device_name(backend: str) -> str:
 
 
 def get_store(args: argparse.Namespace) -> RatingsStore:
-    gen = GenerateConfig(
+    model = PlantedModel.create(
         preset=args.preset,
         scale=args.scale,
         m=args.m,
@@ -61,7 +62,7 @@ def get_store(args: argparse.Namespace) -> RatingsStore:
         return RatingsStore.open(url)
     except StoreError:
         t0 = time.perf_counter()
-        store = generate(url, gen, test_fraction=0.1, overwrite=True, use_gpu=False)
+        store = generate(url, model, test_fraction=0.1, overwrite=True, use_gpu=False)
         print(f"generated {url} in {time.perf_counter() - t0:.1f} s")
         return store
 

@@ -83,6 +83,9 @@ class Output:
 
 
 def cmd_generate(args: argparse.Namespace, out: Output) -> None:
+    from dataclasses import asdict
+
+    from .data.planted import PlantedModel
     from .data.synthetic import generate
 
     gen = GenerateConfig(
@@ -91,9 +94,10 @@ def cmd_generate(args: argparse.Namespace, out: Output) -> None:
         rating_max=args.rating_max, round=args.round, nonempty=not args.allow_empty,
         seed=args.seed,
     )  # fmt: skip
+    model = PlantedModel.create(**asdict(gen))
     with out.progress() as progress:
         store = generate(
-            args.output, gen, test_fraction=args.test_fraction, split_seed=args.split_seed,
+            args.output, model, test_fraction=args.test_fraction, split_seed=args.split_seed,
             tile_rows=args.tile_rows, tile_cols=args.tile_cols, overwrite=args.overwrite,
             progress=progress,
         )  # fmt: skip

@@ -14,15 +14,18 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
+from .checks import check_fraction, check_number, check_positive_int
+from .data.duplicates import DuplicatePolicy
 from .errors import ConfigError
 
-DuplicatePolicy = Literal["error", "last", "mean"]
 Reduction = Literal["scatter", "two-phase", "one"]
 BackendName = Literal["auto", "numpy", "cupy"]
 Protocol = Literal["auto", "tcp", "ucx"]
@@ -187,43 +190,47 @@ def load_config(
     return config
 
 
-# dotted key -> (lowest allowed value, whether the lowest value itself is allowed)
-_RANGES: dict[str, tuple[float, bool]] = {
-    "model.factors": (1, True),
-    "model.iterations": (0, True),
-    "model.regularization": (0, False),
-    "plan.p": (1, True),
-    "plan.q": (1, True),
-    "plan.x.p": (1, True),
-    "plan.x.q": (1, True),
-    "plan.theta.p": (1, True),
-    "plan.theta.q": (1, True),
-    "cluster.n_workers": (1, True),
-    "cluster.threads_per_worker": (1, True),
-    "data.tile_rows": (1, True),
-    "data.tile_cols": (1, True),
-    "data.test_fraction": (0, True),
-    "data.generate.scale": (0, False),
-    "data.generate.rank": (1, True),
-    "data.generate.noise": (0, True),
+def _at_least(low: float, inclusive: bool = True) -> Callable[[str, Any], None]:
+    return partial(check_number, low=low, low_inclusive=inclusive)
+
+
+# dotted key -> its check (a None value, where allowed, is not checked)
+_RANGES: dict[str, Callable[[str, Any], None]] = {
+    "model.factors": check_positive_int,
+    "model.iterations": _at_least(0),
+    "model.regularization": _at_least(0, inclusive=False),
+    "plan.p": check_positive_int,
+    "plan.q": check_positive_int,
+    "plan.x.p": check_positive_int,
+    "plan.x.q": check_positive_int,
+    "plan.theta.p": check_positive_int,
+    "plan.theta.q": check_positive_int,
+    "cluster.n_workers": check_positive_int,
+    "cluster.threads_per_worker": check_positive_int,
+    "data.tile_rows": check_positive_int,
+    "data.tile_cols": check_positive_int,
+    "data.test_fraction": check_fraction,
+    "data.generate.scale": _at_least(0, inclusive=False),
+    "data.generate.rank": check_positive_int,
+    "data.generate.noise": _at_least(0),
 }
 
 
 def _check_ranges(config: Config, source: str) -> None:
-    """Values of the right type but outside their range: one error naming key and range."""
-    for key, (low, inclusive) in _RANGES.items():
+    """Values of the right type but outside their range: one error naming file, key and range.
+
+    The checks are those of the Python API (:mod:`cumf_dask.checks`), named by dotted key.
+    """
+    for key, check in _RANGES.items():
         value: Any = config
         for part in key.split("."):
             value = getattr(value, part)
         if value is None:
             continue
-        if value < low or (value == low and not inclusive):
-            bound = f">= {low}" if inclusive else f"> {low}"
-            raise ConfigError(f"{source}: '{key}' must be {bound}, got {value!r}")
-    if not config.data.test_fraction < 1:
-        raise ConfigError(
-            f"{source}: 'data.test_fraction' must be < 1, got {config.data.test_fraction!r}"
-        )
+        try:
+            check(key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
 
 
 def _parse_override(item: str, source: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from .callbacks import IterationCallback
 from .checkpoint import MODEL_FORMAT, MODEL_VERSION, read_factors, write_factors
 from .checks import check_choice, check_number
 from .config import ClusterConfig, PlanConfig
-from .data.builder import build_store
+from .data.spill import build_store
 from .data.store import RatingsStore
 from .engine import tasks
 from .engine.cluster import backend_on, cluster_client

@@ -5,11 +5,12 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from os import PathLike
+from typing import TYPE_CHECKING, Any
 
 from .callbacks import Log, Progress
-from .config import Config
+from .config import Config, DataConfig
 from .data.store import RatingsStore
 from .engine.cluster import (
     backend_on,
@@ -19,9 +20,12 @@ from .engine.cluster import (
     worker_memory,
 )
 from .engine.plan import Plan, make_plan
-from .errors import StoreError
+from .errors import IngestError, StoreError
 from .model import ALS
 from .records import RunFolder
+
+if TYPE_CHECKING:
+    from .data import ingest
 
 
 def prepare_store(
@@ -44,17 +48,39 @@ def prepare_store(
             log(f"using the existing store {data.store} (data.overwrite: true rebuilds it)")
             return store
     if data.source == "generate":
+        from .data.planted import PlantedModel
         from .data.synthetic import generate
 
         return generate(
-            data.store, data.generate, test_fraction=data.test_fraction,
-            split_seed=data.split_seed, tile_rows=data.tile_rows, tile_cols=data.tile_cols,
-            client=client, overwrite=True, progress=progress,
+            data.store, PlantedModel.create(**asdict(data.generate)),
+            test_fraction=data.test_fraction, split_seed=data.split_seed,
+            tile_rows=data.tile_rows, tile_cols=data.tile_cols, client=client, overwrite=True,
+            progress=progress,
         )  # fmt: skip
-    from .data.ingest import ingest_from_config
-
     # A store that failed to open (missing or partial) is replaced.
     return ingest_from_config(replace(data, overwrite=True), progress=progress)
+
+
+def ingest_from_config(
+    cfg: DataConfig,
+    url: str | PathLike[str] | None = None,
+    *,
+    chunk_rows: int = 1_000_000,
+    progress: ingest.Progress | None = None,
+) -> RatingsStore:
+    """Run ``cfg.ingest`` into `url` (default ``cfg.store``) with cfg's split, tiles, overwrite."""
+    from .data.ingest import ingest_file
+
+    ing = cfg.ingest
+    if not ing.path:
+        raise IngestError("data.ingest.path is empty: set the input file to ingest")
+    return ingest_file(
+        ing.path, url if url is not None else cfg.store, ing.format, delimiter=ing.delimiter,
+        header=ing.header, columns=ing.columns, duplicates=ing.duplicates, m=ing.m, n=ing.n,
+        test_fraction=cfg.test_fraction, split_seed=cfg.split_seed, tile_rows=cfg.tile_rows,
+        tile_cols=cfg.tile_cols, overwrite=cfg.overwrite, chunk_rows=chunk_rows,
+        progress=progress,
+    )  # fmt: skip
 
 
 def _check_reuse(config: Config, store: RatingsStore) -> None:
@@ -62,12 +88,9 @@ def _check_reuse(config: Config, store: RatingsStore) -> None:
     data = config.data
     if data.source != "generate":
         return  # an ingested store is reused as it is (the log line says how to rebuild)
-    from dataclasses import fields
-
     from .data.planted import PlantedModel
 
-    model = PlantedModel.from_config(data.generate)
-    want = {f.name: getattr(model, f.name) for f in fields(model)}
+    want = dict(PlantedModel.create(**asdict(data.generate)).settings)
     want.update(test_fraction=data.test_fraction, split_seed=data.split_seed)
     got = {key: store.source.get(key) for key in want}
     if got != want:
@@ -90,21 +113,27 @@ def job_plan(
     workers = len(worker_addresses(client))
     memory = worker_memory(client, backend)
     f = config.model.factors
+    link = {"transport": transport(client)}  # the bandwidth is measured when a fit starts
     try:
         store = RatingsStore.open(config.data.store)
     except StoreError:
         if config.data.source == "store":
             raise
         if config.data.source == "generate":
-            from .data.planted import resolve_shape
+            from .data.presets import resolve_shape
 
-            m, n, total = resolve_shape(config.data.generate)
+            gen = config.data.generate
+            m, n, total = resolve_shape(
+                preset=gen.preset, scale=gen.scale, m=gen.m, n=gen.n, nnz=gen.nnz,
+                nonempty=gen.nonempty,
+            )  # fmt: skip
             nnz = int(total * (1 - config.data.test_fraction))
-            return make_plan(m, n, nnz, f, workers, memory, None, None, config.plan, backend), True
+            plan = make_plan(m, n, nnz, f, workers, memory, None, None, config.plan, backend, **link)
+            return plan, True
         store = prepare_store(config, client, progress, log)
     counts = (store.counts("row"), store.counts("col"))
     shape = (store.m, store.n, store.nnz)
-    return make_plan(*shape, f, workers, memory, *counts, config.plan, backend), False
+    return make_plan(*shape, f, workers, memory, *counts, config.plan, backend, **link), False
 
 
 def predicted_and_measured(plan: Plan, metrics: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from distributed import Client
 from reference import reference_als
 
 from cumf_dask.config import PlanConfig
-from cumf_dask.data.builder import build_store
+from cumf_dask.data.spill import build_store
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
 

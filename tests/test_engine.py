@@ -15,7 +15,7 @@ from conftest import BACKENDS, random_ratings, rel_err
 from reference import reference_als
 
 from cumf_dask.config import HalfStepConfig, PlanConfig
-from cumf_dask.data.builder import build_store
+from cumf_dask.data.spill import build_store
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
 

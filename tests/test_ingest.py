@@ -20,11 +20,11 @@ from cumf_dask.data.ingest import (
     ingest_arrays,
     ingest_dataframe,
     ingest_file,
-    ingest_from_config,
     ingest_scipy,
 )
 from cumf_dask.data.store import RatingsStore
-from cumf_dask.errors import IngestError, StoreError
+from cumf_dask.errors import ConfigError, IngestError, StoreError
+from cumf_dask.pipeline import ingest_from_config
 
 
 def make_ratings(seed, k=60, users=12, items=9, ids="str", stars=False):
@@ -417,6 +417,27 @@ def test_bad_options_and_missing_files(tmp_path):
         ingest_file(str(tmp_path / "*.nope"), tmp_path / "s.zarr")
     with pytest.raises(IngestError, match="unknown format 'xls'"):
         ingest_file(path, tmp_path / "s.zarr", "xls")
+    assert_nothing_at(tmp_path / "s.zarr")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"test_fraction": 1.0}, r"'test_fraction' must be < 1"),
+        ({"test_fraction": -0.1}, r"'test_fraction' must be >= 0"),
+        ({"tile_rows": 0}, r"'tile_rows' must be >= 1"),
+        ({"tile_cols": 2.5}, r"'tile_cols' must be an integer"),
+        ({"chunk_rows": 0}, r"'chunk_rows' must be >= 1"),
+        ({"duplicates": "first"}, r"'duplicates' must be one of 'error', 'last', 'mean'"),
+    ],
+)
+def test_bad_arguments_are_config_errors(tmp_path, kwargs, match):
+    """An argument out of range is a ConfigError (exit 2), named; bad data an IngestError."""
+    path = write(tmp_path / "r.csv", GOOD)
+    with pytest.raises(ConfigError, match=match):
+        ingest_file(path, tmp_path / "s.zarr", **kwargs)
+    with pytest.raises(ConfigError, match=match):
+        ingest_arrays(tmp_path / "s.zarr", [0, 1], [1, 0], [1.0, 2.0], **kwargs)
     assert_nothing_at(tmp_path / "s.zarr")
 
 

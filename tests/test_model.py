@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import random_ratings
 
-from cumf_dask.data.builder import build_store
+from cumf_dask.data.spill import build_store
 from cumf_dask.errors import ConfigError, NotFittedError, StoreError
 from cumf_dask.model import ALS
 

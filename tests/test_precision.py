@@ -8,7 +8,7 @@ from conftest import BACKENDS, random_ratings, rel_err
 
 from cumf_dask.backend import backend_spec, get_backend
 from cumf_dask.backend.base import round_bfloat16
-from cumf_dask.data.builder import build_store
+from cumf_dask.data.spill import build_store
 from cumf_dask.errors import ConfigError
 from cumf_dask.model import ALS
 

@@ -1,1 +1,14 @@
-"""Rating data: the Zarr store, its builders, ingestion and the synthetic generator."""
+"""Rating data: the Zarr store, its builders, ingestion and the synthetic generator.
+
+* :mod:`.store`: :class:`~.store.RatingsStore`, the tiled on-disk format and its reader.
+* :mod:`.target`: where a build writes and how it is published (never over a foreign folder).
+* :mod:`.bands`: writing one band and transposing, the pure functions every build runs.
+* :mod:`.spill`: :class:`~.spill.StoreBuilder`, COO chunks of any size in bounded memory.
+* :mod:`.duplicates`: the repeated-pair policy; :mod:`.hashing`: splitmix64 and the split.
+* :mod:`.readers` and :mod:`.ingest`: rating files and in-memory ratings into a store.
+* :mod:`.presets`, :mod:`.sampling`, :mod:`.planted`, :mod:`.synthetic`: the planted model
+  and its parallel generator.
+
+Nothing here imports the config schema: every function takes plain arguments and checks
+them with :mod:`cumf_dask.checks` (a bad argument is a ConfigError, bad data an IngestError).
+"""

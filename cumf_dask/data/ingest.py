@@ -3,7 +3,7 @@
 Every input goes through one pipeline: a reader (:mod:`cumf_dask.data.readers`) yields chunks
 of raw (user, item, rating) records with their record numbers; the ratings are checked (finite
 numbers), the ids turned into dense indices, and the chunk handed to a
-:class:`~cumf_dask.data.builder.StoreBuilder`, which spills it to disk. Memory is bounded by
+:class:`~cumf_dask.data.spill.StoreBuilder`, which spills it to disk. Memory is bounded by
 one chunk plus the id maps, whatever the size of the input.
 
 Ids:
@@ -20,6 +20,8 @@ Errors in the input (a malformed line, a rating that is not a finite number, an 
 declared range, an empty file, a repeated pair under ``duplicates="error"``) raise one
 :class:`~cumf_dask.errors.IngestError` that names the file and the 1-based line (the record
 for in-memory input). Nothing is left at ``url`` then, and an existing store there is untouched.
+An argument out of range (``test_fraction``, tile sizes, ``chunk_rows``, ``duplicates``) is a
+:class:`~cumf_dask.errors.ConfigError`, raised before anything is read.
 
 ``progress(stage, done, total)`` is called after each chunk with stage ``"read"`` (bytes of
 input files, or records of in-memory input; total None when unknown), then with stage
@@ -36,9 +38,9 @@ from typing import Any
 import numpy as np
 import pandas as pd  # a core dependency: chunked, C-speed text parsing
 
-from ..config import DataConfig, DuplicatePolicy
+from ..checks import check_positive_int
 from ..errors import IngestError
-from .builder import StoreBuilder
+from .duplicates import DuplicatePolicy
 from .readers import (
     Chunk,
     Column,
@@ -50,6 +52,7 @@ from .readers import (
     read_text,
     show,
 )
+from .spill import StoreBuilder
 from .store import RatingsStore
 
 Progress = Callable[[str, int, int | None], None]
@@ -120,7 +123,7 @@ def ingest_file(
     """
     if format not in FORMATS:
         raise IngestError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-    _check_chunk_rows(chunk_rows)
+    check_positive_int("chunk_rows", chunk_rows)
     overrides = {"delimiter": delimiter, "header": header, "columns": columns}
     given = [key for key, value in overrides.items() if value is not None]
     if format == "parquet":
@@ -171,7 +174,7 @@ def ingest_arrays(
     docstring); with ``shape=(m, n)`` they are used as indices (either may be None: mapped).
     `source` is recorded in the store's attrs. Other parameters as for :func:`ingest_file`.
     """
-    _check_chunk_rows(chunk_rows)
+    check_positive_int("chunk_rows", chunk_rows)
     users, items, ratings = np.asarray(users), np.asarray(items), np.asarray(ratings)
     if not (users.ndim == items.ndim == ratings.ndim == 1) or not (
         users.shape == items.shape == ratings.shape
@@ -223,26 +226,6 @@ def ingest_scipy(matrix: Any, url: str | PathLike[str], **options: Any) -> Ratin
     coo = matrix.tocoo()
     source = {"kind": "scipy", "format": str(matrix.format)}
     return ingest_arrays(url, *coo.coords, coo.data, coo.shape, source=source, **options)
-
-
-def ingest_from_config(
-    cfg: DataConfig,
-    url: str | PathLike[str] | None = None,
-    *,
-    chunk_rows: int = 1_000_000,
-    progress: Progress | None = None,
-) -> RatingsStore:
-    """Run ``cfg.ingest`` into `url` (default ``cfg.store``) with cfg's split, tiles, overwrite."""
-    ing = cfg.ingest
-    if not ing.path:
-        raise IngestError("data.ingest.path is empty: set the input file to ingest")
-    return ingest_file(
-        ing.path, url if url is not None else cfg.store, ing.format, delimiter=ing.delimiter,
-        header=ing.header, columns=ing.columns, duplicates=ing.duplicates, m=ing.m, n=ing.n,
-        test_fraction=cfg.test_fraction, split_seed=cfg.split_seed, tile_rows=cfg.tile_rows,
-        tile_cols=cfg.tile_cols, overwrite=cfg.overwrite, chunk_rows=chunk_rows,
-        progress=progress,
-    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the pipeline
@@ -365,8 +348,3 @@ def _three(columns: Sequence[Column]) -> tuple[Column, Column, Column]:
         raise IngestError(f"columns must name three columns (user, item, rating), got {columns!r}")
     user, item, rating = columns
     return user, item, rating
-
-
-def _check_chunk_rows(chunk_rows: int) -> None:
-    if chunk_rows < 1:
-        raise IngestError(f"chunk_rows must be at least 1, got {chunk_rows}")

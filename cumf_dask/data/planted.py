@@ -1,4 +1,4 @@
-"""The planted low-rank model behind ``cumf-dask generate``: presets, degrees, pairs, values.
+"""The planted low-rank model behind ``cumf-dask generate``: degrees, pairs and values.
 
 The model: ``R = X* Theta*^T + noise`` on a sparse set of (row, column) pairs, where X* is
 m x rank, Theta* is n x rank and the noise is Gaussian with a known sigma, so a perfect
@@ -22,6 +22,9 @@ Everything is a pure function of the generator settings, computed by counter-bas
 * X*[i], Theta*[v] and the noise of (i, v) are hashed Box-Muller normals keyed by the index
   (and pair), so any worker regenerates any of them: nothing is stored or shared.
 
+The hashes are in :mod:`.hashing`, the permutations, Zipf law and pair keys in
+:mod:`.sampling`, the preset shapes in :mod:`.presets`; this module holds the model itself.
+
 GPU: the rating values (factors, dot products, noise) can be computed with CuPy; which pairs
 exist is always computed on the CPU. The GPU's values match the CPU's to float32 rounding,
 not bit for bit; each is deterministic.
@@ -30,200 +33,23 @@ not bit for bit; each is deterministic.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
 
+from ..checks import check_number, check_positive_int
 from ..compat import import_cupy
-from ..config import GenerateConfig
 from ..errors import ConfigError
+from .hashing import hash64, normal_pairs, stream_key, unit
+from .presets import resolve_shape
+from .sampling import KeyCoder, Permutation, sorted_isin, sorted_unique, zipf_cdf, zipf_cdf_inv
 
-# ----------------------------------------------------------------------------- presets
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A data set's shape and the cuMF paper's ALS settings for it (f factors, lambda)."""
-
-    name: str
-    m: int
-    n: int
-    nnz: int
-    f: int
-    lam: float
-
-
-PRESETS: dict[str, Preset] = {
-    p.name: p
-    for p in (
-        Preset("netflix", 480_189, 17_770, 99_000_000, 100, 0.05),
-        Preset("yahoomusic", 1_000_990, 624_961, 252_800_000, 100, 1.4),
-        Preset("hugewiki", 50_082_603, 39_780, 3_100_000_000, 100, 0.05),
-        Preset("sparkals", 660_000_000, 2_400_000, 3_500_000_000, 10, 0.05),
-        Preset("factorbird", 229_000_000, 195_000_000, 38_500_000_000, 5, 0.05),
-        Preset("facebook", 1_000_000_000, 48_000_000, 112_000_000_000, 16, 0.05),
-    )
-}
-
-
-def resolve_shape(gen: GenerateConfig) -> tuple[int, int, int]:
-    """(m, n, nnz): the preset's numbers times `scale`, overridden by explicit m, n, nnz.
-
-    Raises ConfigError for an unknown preset, missing or non-positive sizes, more ratings
-    than cells, or (with nonempty) fewer ratings than max(m, n).
-    """
-    base: dict[str, int | None] = {"m": None, "n": None, "nnz": None}
-    preset = None
-    if gen.preset is not None:
-        preset = PRESETS.get(gen.preset.lower())
-        if preset is None:
-            raise ConfigError(
-                f"generate.preset {gen.preset!r} is unknown; choose one of {', '.join(PRESETS)} "
-                "or give m, n and nnz"
-            )
-        if not gen.scale > 0:
-            raise ConfigError(f"generate.scale must be > 0, got {gen.scale}")
-        base = {k: max(1, round(getattr(preset, k) * gen.scale)) for k in base}
-    elif gen.scale != 1.0:
-        raise ConfigError(
-            f"generate.scale={gen.scale} multiplies a preset's sizes, but no preset is set; "
-            "choose a preset or give m, n and nnz at the size you want"
-        )
-    for key in base:
-        value = getattr(gen, key)
-        if value is not None:
-            base[key] = value
-    missing = [k for k, v in base.items() if v is None]
-    if missing:
-        raise ConfigError(
-            f"generate needs {', '.join(missing)}: give a preset ({', '.join(PRESETS)}) "
-            "or m, n and nnz"
-        )
-    m, n, nnz = (int(base[k]) for k in ("m", "n", "nnz"))  # type: ignore[arg-type]
-    for key, value in (("m", m), ("n", n), ("nnz", nnz)):
-        if value <= 0:
-            raise ConfigError(f"generate.{key} must be a positive integer, got {value}")
-    if nnz > m * n:
-        hint = "lower nnz or enlarge m, n"
-        if preset is not None and (gen.m, gen.n, gen.nnz) == (None, None, None):
-            density = preset.nnz / (preset.m * preset.n)
-            hint = f"scale keeps nnz/m and nnz/n; use scale >= {density:.3g} for {preset.name}"
-        raise ConfigError(
-            f"generate: nnz={nnz} ratings do not fit in a {m} x {n} matrix ({m * n} cells); " + hint
-        )
-    if gen.nonempty and nnz < max(m, n):
-        raise ConfigError(
-            f"generate: nonempty needs at least max(m, n) = {max(m, n)} ratings, nnz is {nnz}; "
-            "raise nnz or set nonempty: false"
-        )
-    return m, n, nnz
-
-
-# ----------------------------------------------------------------------------- hashing
-
-_GOLDEN = 0x9E3779B97F4A7C15
-_M64 = (1 << 64) - 1
+#: fields that say how the shape was chosen, not what the model is
+_PROVENANCE = ("preset", "scale")
 # Independent hash streams of one seed.
 _ROW_RANK, _COL_RANK, _FORCED, _DRAW, _RACE, _X, _THETA, _NOISE = range(1, 9)
-
-
-def _splitmix(x: int) -> int:
-    """splitmix64 of a Python int (used for keys)."""
-    z = (x + _GOLDEN) & _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
-
-
-def _key(seed: int, stream: int) -> int:
-    return _splitmix(_splitmix(seed & _M64) ^ stream)
-
-
-def _mix(xp: Any, z: Any) -> Any:
-    """The splitmix64 finalizer on a uint64 array (a bijection of 64-bit words)."""
-    z = z ^ (z >> xp.uint64(30))
-    z *= xp.uint64(0xBF58476D1CE4E5B9)
-    z ^= z >> xp.uint64(27)
-    z *= xp.uint64(0x94D049BB133111EB)
-    z ^= z >> xp.uint64(31)
-    return z
-
-
-def _hash(xp: Any, key: Any, a: Any) -> Any:
-    """64-bit hash of the words `a` under `key` (a scalar or a broadcastable uint64 array)."""
-    return _mix(xp, xp.asarray(a).astype(xp.uint64) * xp.uint64(_GOLDEN) + key)
-
-
-def _unit(xp: Any, z: Any) -> Any:
-    """Uniform floats in (0, 1) from 64-bit hashes."""
-    return ((z >> xp.uint64(11)).astype(xp.float64) + 0.5) * 2.0**-53
-
-
-def _normal_pairs(xp: Any, z: Any) -> tuple[Any, Any]:
-    """Two standard normals per 64-bit hash (Box-Muller on its two 32-bit halves)."""
-    u1 = ((z >> xp.uint64(32)).astype(xp.float64) + 0.5) * 2.0**-32
-    u2 = (z & xp.uint64(0xFFFFFFFF)).astype(xp.float64) * (2 * math.pi * 2.0**-32)
-    r = xp.sqrt(-2.0 * xp.log(u1))
-    return r * xp.cos(u2), r * xp.sin(u2)
-
-
-class _Permutation:
-    """A keyed pseudo-random bijection of [0, size): multiply/xorshift rounds on the next
-    power of two, cycle-walked into range; ``inverse`` undoes it."""
-
-    def __init__(self, size: int, key: int):
-        self.size = size
-        bits = max(2, (size - 1).bit_length())
-        self.mask = np.uint64((1 << bits) - 1)
-        self.shift = np.uint64((bits + 1) // 2)  # one xorshift by >= bits/2 undoes itself
-        words = [_splitmix(key + i) for i in range(4)]
-        self.mul = [np.uint64(words[0] | 1), np.uint64(words[1] | 1)]
-        self.add = [np.uint64(words[2]), np.uint64(words[3])]
-        self.inv = [np.uint64(pow(int(a), -1, 1 << 64)) for a in self.mul]
-
-    def _forward(self, x: np.ndarray) -> np.ndarray:
-        for a, b in zip(self.mul, self.add, strict=True):
-            x = (x * a + b) & self.mask
-            x ^= x >> self.shift
-        return x
-
-    def _backward(self, x: np.ndarray) -> np.ndarray:
-        for a, b in zip(self.inv[::-1], self.add[::-1], strict=True):
-            x = x ^ (x >> self.shift)
-            x = ((x - b) * a) & self.mask
-        return x
-
-    def _walk(self, step: Callable[[np.ndarray], np.ndarray], x: Any) -> np.ndarray:
-        x = step(np.asarray(x, dtype=np.int64).astype(np.uint64))
-        todo = np.flatnonzero(x >= self.size)
-        while todo.size:
-            y = step(x[todo])
-            x[todo] = y
-            todo = todo[y >= self.size]
-        return x.astype(np.int64)
-
-    def __call__(self, x: Any) -> np.ndarray:
-        return self._walk(self._forward, x)
-
-    def inverse(self, y: Any) -> np.ndarray:
-        return self._walk(self._backward, y)
-
-
-def _zipf_cdf(x: Any, skew: float) -> Any:
-    """Phi(x) = integral of (t + 1)^-skew over [0, x]: the continuous Zipf mass below rank x."""
-    if abs(1.0 - skew) < 1e-12:
-        return np.log1p(x)
-    return np.expm1((1.0 - skew) * np.log1p(x)) / (1.0 - skew)
-
-
-def _zipf_cdf_inv(y: np.ndarray, skew: float) -> np.ndarray:
-    if abs(1.0 - skew) < 1e-12:
-        return np.expm1(y)
-    return np.expm1(np.log1p((1.0 - skew) * y) / (1.0 - skew))
-
 
 # ----------------------------------------------------------------------------- the model
 
@@ -259,27 +85,43 @@ class PlantedModel:
     nonempty: bool = True
     seed: int = 0
 
+    #: how the shape was chosen (recorded in the store's source; not part of the model)
+    preset: str | None = field(default=None, compare=False)
+    scale: float = field(default=1.0, compare=False)
+
     @classmethod
-    def from_config(cls, gen: GenerateConfig) -> PlantedModel:
-        """Validate `gen` and resolve its shape (see :func:`resolve_shape`)."""
-        m, n, nnz = resolve_shape(gen)
-        checks = (
-            (gen.rank >= 1, f"generate.rank must be >= 1, got {gen.rank}"),
-            (gen.noise >= 0, f"generate.noise (sigma) must be >= 0, got {gen.noise}"),
-            (gen.skew >= 0, f"generate.skew (Zipf exponent) must be >= 0, got {gen.skew}"),
-            (
-                gen.rating_min is None or gen.rating_max is None or gen.rating_min < gen.rating_max,
-                f"generate.rating_min ({gen.rating_min}) must be below rating_max "
-                f"({gen.rating_max})",
-            ),
-        )
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+    def create(
+        cls,
+        *,
+        preset: str | None = None,
+        scale: float = 1.0,
+        m: int | None = None,
+        n: int | None = None,
+        nnz: int | None = None,
+        rank: int = 10,
+        noise: float = 0.1,
+        skew: float = 0.8,
+        rating_min: float | None = None,
+        rating_max: float | None = None,
+        round: bool = False,
+        nonempty: bool = True,
+        seed: int = 0,
+    ) -> PlantedModel:
+        """Validate the generator settings and resolve the shape (see :func:`resolve_shape`).
+
+        The keywords are those of ``data.generate`` in a config (``GenerateConfig``), so
+        ``PlantedModel.create(**dataclasses.asdict(gen))`` builds a config's model.
+        """
+        m, n, nnz = resolve_shape(preset=preset, scale=scale, m=m, n=n, nnz=nnz, nonempty=nonempty)
+        check_positive_int("rank", rank)
+        check_number("noise", noise, 0)
+        check_number("skew", skew, 0)
+        if rating_min is not None and rating_max is not None:
+            check_number("rating_min", rating_min, high=rating_max, high_inclusive=False)
         return cls(
-            m=m, n=n, nnz=nnz, rank=gen.rank, noise=float(gen.noise), skew=float(gen.skew),
-            rating_min=gen.rating_min, rating_max=gen.rating_max, round=gen.round,
-            nonempty=gen.nonempty, seed=gen.seed,
+            m=m, n=n, nnz=nnz, rank=rank, noise=float(noise), skew=float(skew),
+            rating_min=rating_min, rating_max=rating_max, round=round, nonempty=nonempty,
+            seed=seed, preset=preset.lower() if preset else None, scale=scale,
         )  # fmt: skip
 
     @classmethod
@@ -287,7 +129,13 @@ class PlantedModel:
         """The model of a generated store, from its ``source`` attribute."""
         if source.get("kind") != "synthetic":
             raise ConfigError("this store was not generated: it has no planted model")
-        return cls(**{f.name: source[f.name] for f in fields(cls)})
+        settings = {f.name: source[f.name] for f in fields(cls) if f.name not in _PROVENANCE}
+        return cls(**settings, preset=source.get("preset"), scale=source.get("scale", 1.0))
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The fields that decide every rating (all but `preset` and `scale`), by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _PROVENANCE}
 
     # ------------------------------------------------------------------ rating moments
     @property
@@ -309,16 +157,16 @@ class PlantedModel:
 
     # ------------------------------------------------------------------ degrees
     @cached_property
-    def _row_perm(self) -> _Permutation:
-        return _Permutation(self.m, _key(self.seed, _ROW_RANK))
+    def _row_perm(self) -> Permutation:
+        return Permutation(self.m, stream_key(self.seed, _ROW_RANK))
 
     @cached_property
-    def _col_perm(self) -> _Permutation:
-        return _Permutation(self.n, _key(self.seed, _COL_RANK))
+    def _col_perm(self) -> Permutation:
+        return Permutation(self.n, stream_key(self.seed, _COL_RANK))
 
     @cached_property
-    def _forced_perm(self) -> _Permutation:
-        return _Permutation(self.n, _key(self.seed, _FORCED))
+    def _forced_perm(self) -> Permutation:
+        return Permutation(self.n, stream_key(self.seed, _FORCED))
 
     @property
     def n_forced(self) -> int:
@@ -348,7 +196,7 @@ class PlantedModel:
             if h >= m:
                 return True
             rest = extras - self._sum_capacity(h)
-            phi = _zipf_cdf(np.array([h, h + 1, m], np.float64), s)
+            phi = zipf_cdf(np.array([h, h + 1, m], np.float64), s)
             cap = self.n - q - (1 if h < rem else 0)
             return rest * (phi[1] - phi[0]) <= (cap - 1) * (phi[2] - phi[0])
 
@@ -359,7 +207,7 @@ class PlantedModel:
                 hi = mid
             else:
                 lo = mid + 1
-        phi_h, phi_m = _zipf_cdf(np.array([lo, m], np.float64), s)
+        phi_h, phi_m = zipf_cdf(np.array([lo, m], np.float64), s)
         return lo, extras - self._sum_capacity(lo), float(phi_h), float(phi_m - phi_h)
 
     def _extras(self, rank: np.ndarray) -> np.ndarray:
@@ -372,7 +220,7 @@ class PlantedModel:
         r = np.maximum(rank, h).astype(np.float64)
 
         def cum(x: np.ndarray) -> np.ndarray:
-            return np.rint(rest * ((_zipf_cdf(x, self.skew) - phi_h) / width))
+            return np.rint(rest * ((zipf_cdf(x, self.skew) - phi_h) / width))
 
         mid = (cum(r + 1) - cum(r)).astype(np.int64)
         return np.where(rank < h, cap, np.clip(mid, 0, cap))
@@ -387,7 +235,7 @@ class PlantedModel:
         self, r0: int, r1: int, tile_cols: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(row, col, forced) of rows [r0, r1), sorted by (column tile, row, column)."""
-        coder = _KeyCoder(r1 - r0, tile_cols)
+        coder = KeyCoder(r1 - r0, tile_cols)
         rows = np.arange(r0, r1, dtype=np.int64)
         rank = self._row_perm(rows)
         f = self._forced_count(rank)
@@ -409,7 +257,7 @@ class PlantedModel:
             pieces.append(self._draw_race(rows, dense_rows, remaining, taken, coder))
         keys = np.sort(np.concatenate(pieces), kind="stable")
         local, col = coder.decode(keys)
-        return local + r0, col, _sorted_isin(forced_keys, keys)
+        return local + r0, col, sorted_isin(forced_keys, keys)
 
     def _draw_sparse(
         self,
@@ -417,7 +265,7 @@ class PlantedModel:
         need: np.ndarray,
         cap: np.ndarray,
         forced_keys: np.ndarray,
-        coder: _KeyCoder,
+        coder: KeyCoder,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The first `need` distinct unforced columns of each row's draws j = 0, 1, 2, ...
 
@@ -426,8 +274,8 @@ class PlantedModel:
         row, how many ratings are still missing where further draws would cost more than
         the race over all columns (those rows are finished by :meth:`_draw_race`).
         """
-        key = np.uint64(_key(self.seed, _DRAW))
-        phi_n = float(_zipf_cdf(np.float64(self.n), self.skew))
+        key = np.uint64(stream_key(self.seed, _DRAW))
+        phi_n = float(zipf_cdf(np.float64(self.n), self.skew))
         need = need.copy()
         drawn = np.zeros(rows.size, np.int64)
         switch = np.zeros(rows.size, np.int64)
@@ -440,10 +288,10 @@ class PlantedModel:
             k = need[active]
             local = np.repeat(active, k)
             j = np.arange(local.size) - np.repeat(np.cumsum(k) - k, k) + drawn[local]
-            u = _unit(np, _hash(np, _hash(np, key, rows[local]), j))
-            rank = np.minimum(_zipf_cdf_inv(u * phi_n, self.skew), self.n - 1).astype(np.int64)
-            cand = _sorted_unique(coder.encode(local, self._col_perm(rank)))
-            new = cand[~_sorted_isin(pool, cand)]
+            u = unit(np, hash64(np, hash64(np, key, rows[local]), j))
+            rank = np.minimum(zipf_cdf_inv(u * phi_n, self.skew), self.n - 1).astype(np.int64)
+            cand = sorted_unique(coder.encode(local, self._col_perm(rank)))
+            new = cand[~sorted_isin(pool, cand)]
             accepted.append(new)
             got = np.bincount(coder.local(new), minlength=rows.size)[active]
             need[active] -= got
@@ -463,13 +311,13 @@ class PlantedModel:
         which: np.ndarray,
         need: np.ndarray,
         taken: np.ndarray,
-        coder: _KeyCoder,
+        coder: KeyCoder,
     ) -> np.ndarray:
         """`need` more columns for rows `which` by an exponential race over all columns:
         the columns with the least Exp(1) / popularity, skipping the `taken` keys."""
-        key = _key(self.seed, _RACE)
+        key = stream_key(self.seed, _RACE)
         ranks = np.arange(self.n, dtype=np.float64)
-        weight = _zipf_cdf(ranks + 1, self.skew) - _zipf_cdf(ranks, self.skew)
+        weight = zipf_cdf(ranks + 1, self.skew) - zipf_cdf(ranks, self.skew)
         racing = np.zeros(rows.size, bool)
         racing[which] = True
         taken_local, taken_col = coder.decode(taken[racing[coder.local(taken)]])
@@ -479,8 +327,8 @@ class PlantedModel:
         per_batch = max(1, _RACE_CELLS // self.n)
         for b0 in range(0, which.size, per_batch):
             batch = which[b0 : b0 + per_batch]
-            z = _hash(np, _hash(np, np.uint64(key), rows[batch])[:, None], np.arange(self.n))
-            race = -np.log(_unit(np, z)) / weight
+            z = hash64(np, hash64(np, np.uint64(key), rows[batch])[:, None], np.arange(self.n))
+            race = -np.log(unit(np, z)) / weight
             lo = np.searchsorted(taken_local, batch[0])
             hi = np.searchsorted(taken_local, batch[-1], side="right")
             slot = np.searchsorted(batch, taken_local[lo:hi])
@@ -503,9 +351,9 @@ class PlantedModel:
         if stream == _THETA and self.mean < 0:
             offset = -offset
         pairs = (self.rank + 1) // 2
-        base = _hash(xp, xp.uint64(_key(self.seed, stream)), index)
-        z = _hash(xp, base[:, None], xp.arange(pairs))
-        c, s = _normal_pairs(xp, z)
+        base = hash64(xp, xp.uint64(stream_key(self.seed, stream)), index)
+        z = hash64(xp, base[:, None], xp.arange(pairs))
+        c, s = normal_pairs(xp, z)
         normals = xp.stack([c, s], axis=2).reshape(len(index), 2 * pairs)[:, : self.rank]
         return (offset + std * normals).astype(xp.float32)
 
@@ -540,8 +388,8 @@ class PlantedModel:
                 uniq, inv = xp.unique(c, return_inverse=True)
                 theta = self.theta(uniq, xp)[inv.ravel()]
             clean = (x_rows[r - r_lo] * theta).sum(axis=1)
-            z = _hash(xp, _hash(xp, xp.uint64(_key(self.seed, _NOISE)), r), c)
-            val = clean + self.noise * _normal_pairs(xp, z)[0]
+            z = hash64(xp, hash64(xp, xp.uint64(stream_key(self.seed, _NOISE)), r), c)
+            val = clean + self.noise * normal_pairs(xp, z)[0]
             if self.rating_min is not None:
                 val = xp.maximum(val, self.rating_min)
             if self.rating_max is not None:
@@ -556,45 +404,8 @@ class PlantedModel:
         return (val.get(), clean.get()) if use_gpu else (val, clean)
 
 
-# ----------------------------------------------------------------------------- building
-
-
 @lru_cache(maxsize=2)
 def _theta_table(model: PlantedModel, use_gpu: bool) -> Any:
     """All of Theta* for a small n, once per process."""
     xp = import_cupy() if use_gpu else np
     return model.theta(xp.arange(model.n), xp)
-
-
-def _sorted_unique(x: np.ndarray) -> np.ndarray:
-    """The distinct values of `x`, sorted."""
-    x = np.sort(x)
-    return x[np.concatenate(([True], x[1:] != x[:-1]))] if x.size else x
-
-
-def _sorted_isin(ref: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """np.isin(x, ref) for a sorted `ref`."""
-    if not ref.size:
-        return np.zeros(x.shape, bool)
-    return ref[np.minimum(np.searchsorted(ref, x), ref.size - 1)] == x
-
-
-class _KeyCoder:
-    """(local row, column) <-> one int64 whose order is (column tile, row, column): the
-    order of a band in the store, so sorting keys both deduplicates and orders a band."""
-
-    def __init__(self, n_rows: int, tile_cols: int):
-        self.tile_cols = tile_cols
-        self.col_bits = (tile_cols - 1).bit_length()
-        self.row_bits = (max(n_rows, 1) - 1).bit_length()
-
-    def encode(self, local: np.ndarray, col: np.ndarray) -> np.ndarray:
-        tile, within = np.divmod(col, self.tile_cols)
-        return (((tile << self.row_bits) | local) << self.col_bits) | within
-
-    def local(self, keys: np.ndarray) -> np.ndarray:
-        return (keys >> self.col_bits) & ((1 << self.row_bits) - 1)
-
-    def decode(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        within = keys & ((1 << self.col_bits) - 1)
-        return self.local(keys), (keys >> (self.col_bits + self.row_bits)) * self.tile_cols + within

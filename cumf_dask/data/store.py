@@ -63,7 +63,7 @@ def index_dtype(size: int) -> np.dtype:
 class RatingsStore:
     """A complete rating store, opened read-only. Cheap to pickle (it keeps only the URL).
 
-    Use :meth:`open` to open one and :class:`~cumf_dask.data.builder.StoreBuilder` (or the
+    Use :meth:`open` to open one and :class:`~cumf_dask.data.spill.StoreBuilder` (or the
     ingest and generate functions) to make one.
     """
 

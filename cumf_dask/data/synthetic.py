@@ -4,7 +4,7 @@ The model and its sampling are in :mod:`.planted`: every rating is a pure functi
 settings, so the store does not depend on the number of workers, their scheduling or even
 the tile sizes (tiles only order the output). One task per row band writes its band
 (training and test), then one task per column band transposes
-(:func:`~.builder.transpose_band`), then :func:`~.builder.finish_store` marks the store
+(:func:`~.bands.transpose_band`), then :func:`~.bands.finish_store` marks the store
 complete, last. A local store is built beside the target and moved into place only when
 complete, so an interrupted run never replaces a good store.
 
@@ -16,38 +16,29 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import fields
 from typing import Any, Literal
 
 import dask
 import numpy as np
 
-from ..config import GenerateConfig
+from ..checks import check_choice, check_fraction, check_positive_int
 from ..devices import has_cuda
 from ..errors import ConfigError
 from ..paths import normalize_url
-from .builder import (
-    check_target,
-    finish_store,
-    init_store,
-    publish,
-    split_mask,
-    transpose_band,
-    work_url,
-    write_band,
-)
+from .bands import finish_store, init_store, transpose_band, write_band
+from .hashing import split_mask
 from .planted import PlantedModel
 from .store import RatingsStore, default_tile
+from .target import check_target, discard, publish, work_url
 
 Progress = Callable[[str, int, int], None]
 
 
 def generate(
     url: str | os.PathLike[str],
-    gen: GenerateConfig,
+    model: PlantedModel,
     *,
     test_fraction: float = 0.1,
     split_seed: int = 0,
@@ -60,6 +51,7 @@ def generate(
 ) -> RatingsStore:
     """Generate a planted-model store at `url`: one task per row band, then per column band.
 
+    `model` comes from :meth:`PlantedModel.create` (which validates the generator settings).
     `client` is a ``distributed.Client`` (tasks run on its workers; a local path must be
     shared by them) or None: a thread pool of dask's ``num_workers`` (default: one per core).
     `progress(stage, done, total)` is called as bands finish, stage "generate" then
@@ -67,14 +59,10 @@ def generate(
     sees a GPU, False never. On any error the partial store is removed (a local `url`) and
     is never marked complete.
     """
-    model = PlantedModel.from_config(gen)
-    if not 0 <= test_fraction < 1:
-        raise ConfigError(f"data.test_fraction must be in [0, 1), got {test_fraction}")
-    for name, value in (("tile_rows", tile_rows), ("tile_cols", tile_cols)):
-        if value is not None and value < 1:
-            raise ConfigError(f"data.{name} must be a positive integer or null, got {value}")
-    if use_gpu not in (True, False, "auto"):
-        raise ConfigError(f"use_gpu must be True, False or 'auto', got {use_gpu!r}")
+    check_fraction("test_fraction", test_fraction)
+    check_positive_int("tile_rows", tile_rows, optional=True)
+    check_positive_int("tile_cols", tile_cols, optional=True)
+    check_choice("use_gpu", use_gpu, (True, False, "auto"))
     if use_gpu is True and client is None and not has_cuda():
         raise ConfigError("use_gpu=True but no CUDA GPU with cupy is visible; use 'auto' or False")
     m, n, nnz = model.m, model.n, model.nnz
@@ -95,9 +83,9 @@ def generate(
         n_test = sum(r[1]["nnz"] for r in rows) if test_fraction > 0 else 0
         source = {
             "kind": "synthetic",
-            "preset": gen.preset.lower() if gen.preset else None,
-            "scale": gen.scale,
-            **{f.name: getattr(model, f.name) for f in fields(model)},
+            "preset": model.preset,
+            "scale": model.scale,
+            **model.settings,
             "mean": model.mean,
             "signal_std": model.signal_std,
             "test_fraction": test_fraction,
@@ -112,8 +100,7 @@ def generate(
         )  # fmt: skip
         return publish(work, url)
     except BaseException:
-        if "://" not in work:
-            shutil.rmtree(work, ignore_errors=True)
+        discard(work)
         raise
 
 

@@ -1,0 +1,220 @@
+"""Band writing and transposition: the pure functions every store build runs, one band per call.
+
+Dask tasks call them directly (the synthetic generator writes every row band from its own
+task, then every column band), and the spilling builder (:mod:`.spill`) calls them in a loop.
+They are module-level and pure so tasks pickle small and read well in the dashboard. Every
+Zarr chunk belongs to one band and every band is written by one call, so no chunk is ever
+written by two tasks; :func:`finish_store` marks the store complete, last.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import zarr
+
+from ..errors import IngestError, StoreError
+from ..paths import is_url, normalize_url
+from .store import (
+    _GROUPS,
+    CHUNK,
+    FORMAT,
+    TILE_CHUNK,
+    VERSION,
+    RatingsStore,
+    index_dtype,
+)
+from .target import check_target
+
+BandKind = Literal["row", "col", "test"]
+
+
+def init_store(
+    url: str, m: int, n: int, tile_rows: int, tile_cols: int, overwrite: bool = False
+) -> None:
+    """Create an empty store marked incomplete, with its count arrays chunked by tile."""
+    url = normalize_url(url)
+    check_target(url, overwrite)
+    if not is_url(url) and Path(url).exists():
+        shutil.rmtree(url)
+    if m <= 0 or n <= 0:
+        raise IngestError(f"{url}: the matrix would be empty ({m} x {n}); there are no ratings")
+    group = zarr.open_group(url, mode="w")
+    group.attrs.update(
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "complete": False,
+            "m": int(m),
+            "n": int(n),
+            "tile_rows": int(tile_rows),
+            "tile_cols": int(tile_cols),
+            "n_row_tiles": math.ceil(m / tile_rows),
+            "n_col_tiles": math.ceil(n / tile_cols),
+        }
+    )
+    group.create_array("row_nnz", shape=(m,), chunks=(tile_rows,), dtype="int64", fill_value=0)
+    group.create_array("col_nnz", shape=(n,), chunks=(tile_cols,), dtype="int64", fill_value=0)
+
+
+def _geometry(attrs: dict[str, Any], kind: BandKind) -> tuple[int, int, int, int]:
+    """(t_major, t_minor, n_major, n_minor) of a band kind."""
+    if kind == "col":
+        return attrs["tile_cols"], attrs["tile_rows"], attrs["n"], attrs["m"]
+    return attrs["tile_rows"], attrs["tile_cols"], attrs["m"], attrs["n"]
+
+
+def write_band(
+    url: str,
+    kind: BandKind,
+    band: int,
+    major: np.ndarray,
+    minor: np.ndarray,
+    val: np.ndarray,
+    sorted_: bool = False,
+) -> dict[str, float]:
+    """Write one band from global (major, minor, val); returns its summary for finish_store.
+
+    Sorts by (minor tile, major, minor) unless `sorted_`. Also writes this band's slice of
+    row_nnz (kind "row") or col_nnz (kind "col"): the slice is exactly one chunk of that array.
+    """
+    url = normalize_url(url)
+    group = zarr.open_group(url, mode="r+")
+    attrs = dict(group.attrs)
+    t_major, t_minor, n_major, n_minor = _geometry(attrs, kind)
+    base = band * t_major
+    rows_here = min(t_major, n_major - base)
+    local = (major - base).astype(np.int32)
+    minor_tile = minor // t_minor
+    if not sorted_ and val.size:
+        order = np.lexsort((minor, local, minor_tile))
+        local, minor, val, minor_tile = local[order], minor[order], val[order], minor_tile[order]
+    n_tiles = math.ceil(n_minor / t_minor)
+    ptr = np.zeros(n_tiles + 1, np.int64)
+    np.cumsum(np.bincount(minor_tile, minlength=n_tiles), out=ptr[1:])
+    sub = group.require_group(f"{_GROUPS[kind]}/{band}")
+    size = int(val.size)
+    # One shard (one file) per band array, in small inner chunks: a tile read decodes
+    # little more than the tile, and the band is still written whole by this one call.
+    chunk = max(1, min(TILE_CHUNK, size))
+    shard = max(chunk, -(-size // chunk) * chunk)  # zarr >= 3.2 refuses an empty shard
+    layout = {"shape": (size,), "chunks": (chunk,), "shards": (shard,)}
+    sub.create_array("major", dtype="int32", overwrite=True, **layout)
+    sub.create_array("minor", dtype=index_dtype(n_minor), overwrite=True, **layout)
+    sub.create_array("val", dtype="float32", overwrite=True, **layout)
+    sub.create_array(
+        "ptr", shape=(n_tiles + 1,), chunks=(n_tiles + 1,), dtype="int64", overwrite=True
+    )
+    if size:
+        sub["major"][:] = local
+        sub["minor"][:] = minor.astype(index_dtype(n_minor))
+        sub["val"][:] = val.astype(np.float32)
+    sub["ptr"][:] = ptr
+    if kind != "test":
+        counts = np.bincount(local, minlength=rows_here)
+        group["row_nnz" if kind == "row" else "col_nnz"][base : base + rows_here] = counts
+    finite = val.astype(np.float64)
+    return {
+        "band": band,
+        "nnz": size,
+        "sum": float(finite.sum()) if size else 0.0,
+        "sumsq": float((finite * finite).sum()) if size else 0.0,
+        "min": float(finite.min()) if size else math.inf,
+        "max": float(finite.max()) if size else -math.inf,
+    }
+
+
+def transpose_band(url: str, band: int) -> dict[str, float]:
+    """Build column band `band` from the row bands: tile (a, band) of every row band a."""
+    url = normalize_url(url)
+    store = RatingsStore(url, dict(zarr.open_group(url, mode="r").attrs))
+    t_rows = store.tile_rows
+    rows, cols, vals = [], [], []
+    for a in range(store.n_row_tiles):
+        loc, col, val = store.read_band("row", a, (band, band + 1))
+        rows.append(loc.astype(np.int64) + a * t_rows)
+        cols.append(col.astype(np.int64))
+        vals.append(val)
+    row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    col = np.concatenate(cols) if cols else np.zeros(0, np.int64)
+    val = np.concatenate(vals) if vals else np.zeros(0, np.float32)
+    # by_col band order: (row tile, col, row), sorted once on one combined int64 key
+    t_cols = store.tile_cols
+    key = ((row // t_rows) * t_cols + (col - band * t_cols)) * t_rows + row % t_rows
+    order = np.argsort(key)
+    return write_band(url, "col", band, col[order], row[order], val[order], sorted_=True)
+
+
+def finish_store(
+    url: str,
+    row_summaries: list[dict[str, float]],
+    col_summaries: list[dict[str, float]],
+    test_summaries: list[dict[str, float]] | None = None,
+    source: dict[str, Any] | None = None,
+    row_ids: np.ndarray | None = None,
+    col_ids: np.ndarray | None = None,
+) -> RatingsStore:
+    """Write band totals, stats, id maps and attrs, then mark the store complete (last write)."""
+    url = normalize_url(url)
+    group = zarr.open_group(url, mode="r+")
+    attrs = dict(group.attrs)
+    nnz = 0
+    for kind, summaries, bands in (
+        ("row", row_summaries, attrs["n_row_tiles"]),
+        ("col", col_summaries, attrs["n_col_tiles"]),
+        ("test", test_summaries or [], attrs["n_row_tiles"] if test_summaries else 0),
+    ):
+        band_nnz = np.zeros(bands, np.int64)
+        for s in summaries:
+            band_nnz[int(s["band"])] = int(s["nnz"])
+        group.create_array(
+            f"{_GROUPS[kind]}/band_nnz",
+            shape=(bands,),
+            chunks=(max(bands, 1),),
+            dtype="int64",
+            overwrite=True,
+        )
+        if bands:
+            group[f"{_GROUPS[kind]}/band_nnz"][:] = band_nnz
+        if kind == "row":
+            nnz = int(band_nnz.sum())
+    if nnz == 0:
+        raise IngestError(f"{url}: no training ratings; the input is empty")
+    col_total = sum(int(s["nnz"]) for s in col_summaries)
+    if col_total != nnz:
+        raise StoreError(f"{url}: by_col holds {col_total} ratings, by_row {nnz}: build failed")
+    for axis, ids in (("rows", row_ids), ("cols", col_ids)):
+        if ids is not None:
+            dtype = str if ids.dtype.kind in "OUS" else ids.dtype
+            arr = group.create_array(
+                f"ids/{axis}",
+                shape=ids.shape,
+                chunks=(max(1, min(CHUNK, ids.size)),),
+                dtype=dtype,
+                overwrite=True,
+            )
+            arr[:] = ids.astype(object) if dtype is str else ids
+    total = sum(s["sum"] for s in row_summaries)
+    sumsq = sum(s["sumsq"] for s in row_summaries)
+    mean = total / nnz
+    stats = {
+        "min": min(s["min"] for s in row_summaries),
+        "max": max(s["max"] for s in row_summaries),
+        "mean": mean,
+        "std": math.sqrt(max(sumsq / nnz - mean * mean, 0.0)),
+    }
+    group.attrs.update(
+        {
+            "nnz": nnz,
+            "nnz_test": sum(int(s["nnz"]) for s in test_summaries or []),
+            "stats": stats,
+            "source": source or {},
+            "has_ids": row_ids is not None or col_ids is not None,
+        }
+    )
+    group.attrs["complete"] = True
+    return RatingsStore.open(url)

@@ -1,0 +1,59 @@
+"""Repeated (row, column) pairs: the policy type and the one function that applies it.
+
+The policy is an argument of every ingestion entry point and a config key
+(``data.ingest.duplicates``); the config schema imports :data:`DuplicatePolicy` from here, so
+the data layer owns its own vocabulary and does not import the schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, get_args
+
+import numpy as np
+
+from ..errors import IngestError
+
+DuplicatePolicy = Literal["error", "last", "mean"]
+DUPLICATE_POLICIES: tuple[str, ...] = get_args(DuplicatePolicy)
+
+
+def resolve_duplicates(
+    row: np.ndarray,
+    col: np.ndarray,
+    val: np.ndarray,
+    seq: np.ndarray,
+    policy: DuplicatePolicy,
+    describe: Callable[[int, int, int, int], str] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Collapse repeated (row, col) pairs: 'error' raises, 'last' keeps the latest, 'mean' averages.
+
+    `seq` orders the records (input line or record number); `describe(row, col, seq1, seq2)`
+    words the error for the user (original ids, file and lines).
+    """
+    if row.size < 2:
+        return row, col, val
+    order = np.lexsort((seq, col, row))
+    row, col, val, seq = row[order], col[order], val[order], seq[order]
+    same = (row[1:] == row[:-1]) & (col[1:] == col[:-1])
+    if not same.any():
+        return row, col, val
+    if policy == "error":
+        k = int(np.argmax(same))
+        text = (
+            describe(int(row[k]), int(col[k]), int(seq[k]), int(seq[k + 1]))
+            if describe
+            else f"row {row[k]}, column {col[k]} (records {seq[k]} and {seq[k + 1]})"
+        )
+        raise IngestError(
+            f"duplicate rating for {text}; choose a duplicates policy: 'last' or 'mean' "
+            "(--duplicates / ingest.duplicates)"
+        )
+    start = np.concatenate(([True], ~same))
+    first = np.flatnonzero(start)
+    if policy == "last":
+        last = np.concatenate((first[1:] - 1, [row.size - 1]))
+        return row[last], col[last], val[last]
+    sums = np.add.reduceat(val.astype(np.float64), first)
+    counts = np.diff(np.concatenate((first, [row.size])))
+    return row[first], col[first], (sums / counts).astype(np.float32)

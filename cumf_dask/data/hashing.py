@@ -1,0 +1,77 @@
+"""splitmix64 hashing: counter-based randomness that any task recomputes alone.
+
+One implementation of the splitmix64 finalizer serves both users: the planted model
+(:mod:`.planted`, :mod:`.sampling`) hashes indices into keys, uniforms and normals, and
+:func:`split_mask` hashes (row, column, seed) into the train/test split of every builder.
+Array functions take the array module `xp` (NumPy or CuPy), so the generator can compute
+rating values on a GPU with the same hashes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+GOLDEN = 0x9E3779B97F4A7C15  # the splitmix64 increment (2^64 / golden ratio)
+_M64 = (1 << 64) - 1
+_SPLIT_OFFSET = 0x632BE59BD9B4E019  # keeps the split's hash apart from the model's streams
+
+
+def splitmix(x: int) -> int:
+    """splitmix64 of a Python int (used for keys)."""
+    z = (x + GOLDEN) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def stream_key(seed: int, stream: int) -> int:
+    """The key of one independent hash stream of a seed."""
+    return splitmix(splitmix(seed & _M64) ^ stream)
+
+
+def mix(xp: Any, z: Any) -> Any:
+    """The splitmix64 finalizer on a uint64 array (a bijection of 64-bit words)."""
+    z = z ^ (z >> xp.uint64(30))
+    z *= xp.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> xp.uint64(27)
+    z *= xp.uint64(0x94D049BB133111EB)
+    z ^= z >> xp.uint64(31)
+    return z
+
+
+def hash64(xp: Any, key: Any, a: Any) -> Any:
+    """64-bit hash of the words `a` under `key` (a scalar or a broadcastable uint64 array)."""
+    return mix(xp, xp.asarray(a).astype(xp.uint64) * xp.uint64(GOLDEN) + key)
+
+
+def unit(xp: Any, z: Any) -> Any:
+    """Uniform floats in (0, 1) from 64-bit hashes."""
+    return ((z >> xp.uint64(11)).astype(xp.float64) + 0.5) * 2.0**-53
+
+
+def normal_pairs(xp: Any, z: Any) -> tuple[Any, Any]:
+    """Two standard normals per 64-bit hash (Box-Muller on its two 32-bit halves)."""
+    u1 = ((z >> xp.uint64(32)).astype(xp.float64) + 0.5) * 2.0**-32
+    u2 = (z & xp.uint64(0xFFFFFFFF)).astype(xp.float64) * (2 * math.pi * 2.0**-32)
+    r = xp.sqrt(-2.0 * xp.log(u1))
+    return r * xp.cos(u2), r * xp.sin(u2)
+
+
+def split_mask(row: np.ndarray, col: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """True for ratings held out for testing: a hash of (row, col, seed) below `fraction`.
+
+    Depends only on the (dense) pair and the seed, not on chunking, so the same input splits
+    the same way however it is read; repeated pairs fall on the same side. With mapped ids
+    the dense indices follow the order ids first appear, so reordering the input can move
+    pairs between sides.
+    """
+    if fraction <= 0:
+        return np.zeros(row.shape, bool)
+    with np.errstate(over="ignore"):
+        z = row.astype(np.uint64) * np.uint64(GOLDEN)
+        z ^= col.astype(np.uint64) + np.uint64(_SPLIT_OFFSET) + np.uint64(seed & (2**63 - 1))
+        z = mix(np, z)
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53) < fraction

@@ -1,0 +1,224 @@
+"""The spilling builder: a store from COO chunks of any total size, in bounded memory.
+
+:class:`StoreBuilder` is the one way in for ingestion (files, arrays, DataFrames, SciPy) and
+for in-memory arrays (:func:`build_store`, used by ``ALS.fit`` on arrays). It validates each
+chunk, splits off the test share (:func:`~.hashing.split_mask`), spills it to per-band files
+on local disk, and at ``finalize`` resolves duplicates (:mod:`.duplicates`) and writes the
+bands one at a time with the band functions of :mod:`.bands`: memory stays bounded by one
+band, so inputs far larger than memory work.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..checks import check_choice, check_fraction, check_positive_int
+from ..errors import IngestError
+from ..paths import is_url, normalize_url
+from .bands import finish_store, init_store, transpose_band, write_band
+from .duplicates import DUPLICATE_POLICIES, DuplicatePolicy, resolve_duplicates
+from .hashing import split_mask
+from .store import RatingsStore, default_tile
+from .target import check_target, discard, publish, work_url
+
+
+class StoreBuilder:
+    """Build a store from COO chunks of any total size with bounded memory.
+
+    ``add`` validates a chunk, splits off the test share, and appends it to per-band spill
+    files; ``finalize`` resolves duplicates and writes one band at a time. Row and column
+    counts (m, n) may grow while adding (ids mapped on the fly); rows per tile are then given
+    or 65,536, and columns per tile are chosen from the final shape.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        m: int | None = None,
+        n: int | None = None,
+        tile_rows: int | None = None,
+        tile_cols: int | None = None,
+        test_fraction: float = 0.0,
+        split_seed: int = 0,
+        duplicates: DuplicatePolicy = "error",
+        overwrite: bool = False,
+        expected_nnz: int | None = None,
+        spill_dir: str | None = None,
+    ):
+        check_fraction("test_fraction", test_fraction)
+        check_choice("duplicates", duplicates, DUPLICATE_POLICIES)
+        url = normalize_url(url)
+        check_target(url, overwrite)
+        check_positive_int("tile_rows", tile_rows, optional=True)
+        check_positive_int("tile_cols", tile_cols, optional=True)
+        self.url = url
+        self.m, self.n = m, n
+        if tile_rows is None:
+            tile_rows = default_tile(m, n, expected_nnz) if m and n and expected_nnz else 65536
+        self.tile_rows = int(tile_rows)
+        # Spill files are cut by row band only, so the column tiles can wait for the shape.
+        self.tile_cols = tile_cols
+        self.test_fraction, self.split_seed = float(test_fraction), int(split_seed)
+        self.duplicates: DuplicatePolicy = duplicates
+        self.overwrite = overwrite
+        self._spill = Path(tempfile.mkdtemp(prefix="cumf-spill-", dir=spill_dir))
+        self._records = 0
+        self._max_row = -1
+        self._max_col = -1
+        self._bands: dict[tuple[str, int], int] = {}
+
+    def add(
+        self, row: np.ndarray, col: np.ndarray, val: np.ndarray, seq: np.ndarray | None = None
+    ) -> None:
+        """Append ratings (dense 0-based indices). `seq` numbers the records (default: running)."""
+        row = np.asarray(row, np.int64)
+        col = np.asarray(col, np.int64)
+        val = np.asarray(val, np.float32)
+        if not (row.shape == col.shape == val.shape) or row.ndim != 1:
+            raise IngestError("rows, columns and ratings must be 1-D arrays of the same length")
+        if seq is None:
+            seq = np.arange(self._records, self._records + row.size, dtype=np.int64)
+        self._records += row.size
+        if row.size == 0:
+            return
+        bad = ~np.isfinite(val)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise IngestError(f"rating at record {int(seq[k])} is {val[k]}: ratings must be finite")
+        for name, idx, limit in (("row", row, self.m), ("column", col, self.n)):
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or (limit is not None and hi >= limit):
+                k = int(np.argmax((idx < 0) | (idx >= (limit if limit is not None else 2**62))))
+                raise IngestError(
+                    f"{name} index {int(idx[k])} at record {int(seq[k])} is out of range "
+                    f"[0, {limit if limit is not None else 'inf'})"
+                )
+        self._max_row = max(self._max_row, int(row.max()))
+        self._max_col = max(self._max_col, int(col.max()))
+        test = split_mask(row, col, self.test_fraction, self.split_seed)
+        for kind, keep in (("row", ~test), ("test", test)):
+            if keep.any():
+                self._spill_chunk(kind, row[keep], col[keep], val[keep], seq[keep])
+
+    def _spill_chunk(self, kind: str, row, col, val, seq) -> None:
+        band = row // self.tile_rows
+        order = np.argsort(band, kind="stable")
+        band, row, col, val, seq = band[order], row[order], col[order], val[order], seq[order]
+        cuts = np.flatnonzero(np.diff(band)) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, band.size], strict=True):
+            b = int(band[lo])
+            for name, arr in (("row", row), ("col", col), ("val", val), ("seq", seq)):
+                with open(self._spill / f"{kind}-{b}.{name}", "ab") as fh:
+                    arr[lo:hi].tofile(fh)
+            self._bands[(kind, b)] = self._bands.get((kind, b), 0) + int(hi - lo)
+
+    def _load(self, kind: str, band: int):
+        def read(name, dtype):
+            return np.fromfile(self._spill / f"{kind}-{band}.{name}", dtype=dtype)
+
+        return (
+            read("row", np.int64),
+            read("col", np.int64),
+            read("val", np.float32),
+            read("seq", np.int64),
+        )
+
+    def finalize(
+        self,
+        source: dict[str, Any] | None = None,
+        row_ids: np.ndarray | None = None,
+        col_ids: np.ndarray | None = None,
+        describe: Callable[[int, int, int, int], str] | None = None,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> RatingsStore:
+        """Write every band, then the column bands, then mark the store complete.
+
+        On any error the partial store is removed, so nothing incomplete is left behind.
+        """
+        local = not is_url(self.url)
+        work = work_url(self.url)
+        created = False
+        try:
+            if self._records == 0 or not self._bands:
+                raise IngestError("no ratings: the input is empty")
+            m = self.m if self.m is not None else self._max_row + 1
+            n = self.n if self.n is not None else self._max_col + 1
+            if row_ids is not None:
+                m = len(row_ids)
+            if col_ids is not None:
+                n = len(col_ids)
+            created = True  # from here on a failure removes what was written
+            tile_cols = self.tile_cols or default_tile(n, m, self._records)
+            init_store(work, m, n, self.tile_rows, tile_cols, overwrite=local or self.overwrite)
+            n_row_tiles = math.ceil(m / self.tile_rows)
+            n_col_tiles = math.ceil(n / tile_cols)
+            summaries: dict[str, list[dict[str, float]]] = {"row": [], "test": [], "col": []}
+            has_test = any(k == "test" for k, _ in self._bands)
+            steps = (2 if has_test else 1) * n_row_tiles + n_col_tiles
+            done = 0
+            for kind in ("row", "test") if has_test else ("row",):
+                for band in range(n_row_tiles):
+                    if (kind, band) in self._bands:
+                        r, c, v, s = self._load(kind, band)
+                        r, c, v = resolve_duplicates(r, c, v, s, self.duplicates, describe)
+                    else:
+                        r = c = np.zeros(0, np.int64)
+                        v = np.zeros(0, np.float32)
+                    summaries[kind].append(write_band(work, kind, band, r, c, v))
+                    done += 1
+                    if progress:
+                        progress("bands", done, steps)
+            for band in range(n_col_tiles):
+                summaries["col"].append(transpose_band(work, band))
+                done += 1
+                if progress:
+                    progress("bands", done, steps)
+            finish_store(
+                work,
+                summaries["row"],
+                summaries["col"],
+                summaries["test"] or None,
+                source=source,
+                row_ids=row_ids,
+                col_ids=col_ids,
+            )
+            return publish(work, self.url)
+        except BaseException:
+            if created:
+                discard(work)
+            raise
+        finally:
+            shutil.rmtree(self._spill, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Drop the spill files (the store itself was not created yet)."""
+        shutil.rmtree(self._spill, ignore_errors=True)
+
+
+def build_store(
+    url: str,
+    row: np.ndarray,
+    col: np.ndarray,
+    val: np.ndarray,
+    shape: tuple[int, int] | None = None,
+    **kwargs: Any,
+) -> RatingsStore:
+    """Build a store from in-memory COO arrays (0-based indices). kwargs go to StoreBuilder."""
+    m, n = shape if shape is not None else (None, None)
+    source = kwargs.pop("source", {"kind": "arrays"})
+    row_ids = kwargs.pop("row_ids", None)
+    col_ids = kwargs.pop("col_ids", None)
+    builder = StoreBuilder(url, m=m, n=n, expected_nnz=len(val), **kwargs)
+    try:
+        builder.add(row, col, val)
+    except BaseException:
+        builder.abort()
+        raise
+    return builder.finalize(source=source, row_ids=row_ids, col_ids=col_ids)
