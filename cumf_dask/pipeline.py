@@ -128,8 +128,8 @@ def job_plan(
                 nonempty=gen.nonempty,
             )  # fmt: skip
             nnz = int(total * (1 - config.data.test_fraction))
-            plan = make_plan(m, n, nnz, f, workers, memory, None, None, config.plan, backend, **link)
-            return plan, True
+            return make_plan(m, n, nnz, f, workers, memory, None, None, config.plan, backend,
+                             **link), True  # fmt: skip
         store = prepare_store(config, client, progress, log)
     counts = (store.counts("row"), store.counts("col"))
     shape = (store.m, store.n, store.nnz)
