@@ -1,10 +1,14 @@
-"""Where iteration 1 goes: reading the resident blocks from the store, and compiling kernels.
+"""Where iteration 1 goes: reading R from the store into (GPU) memory, and compiling kernels.
 
-    python benchmarks/bench_load.py --preset netflix --nnz 99000000 [--gpu]
+    python3 benchmarks/bench_load.py --preset netflix --nnz 99000000 [--gpu]
 
-Times RatingsStore.read_block of the whole matrix in both orientations (what the p = 1,
-q = 1 plan loads on its first half-steps; Zarr decode + CSR), median of --repeats, and with
---gpu the first `update` on a small block with an empty CuPy kernel cache (compilation).
+Times ``RatingsStore.read_block`` of the whole matrix in each orientation (what a p = 1,
+q = 1 plan loads), median of --repeats, with the page cache warm and then cold (the store's
+files evicted with posix_fadvise), beside the disk's own sequential rate (``dd`` of a fresh
+1 GiB file, evicted first). Rates are stored bytes (the band files on disk) and raw bytes
+(12 per rating) per second. With --gpu also the copy of the block into GPU memory (pageable
+and pinned), and the first ``update`` with an empty CuPy kernel cache (compiling) and with
+a warm one (what a second run on the same machine sees).
 """
 
 from __future__ import annotations
@@ -12,13 +16,49 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 from bench_iteration import get_store
 
-from cumf_dask.blocks import coo_to_block
+
+def evict(root: Path) -> None:
+    """Drop the files under `root` from the page cache (their pages are clean)."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            evict_file(path)
+
+
+def evict_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def disk_rate(folder: str, size: int = 1 << 30) -> float:
+    """Bytes/s of `dd` reading a fresh file of `size` bytes that is not in the page cache."""
+    path = Path(folder) / "dd-probe.bin"
+    with path.open("wb") as fh:
+        block = np.random.default_rng(0).bytes(1 << 24)
+        for _ in range(size >> 24):
+            fh.write(block)
+        fh.flush()
+        os.fsync(fh.fileno())
+    evict_file(path)
+    t0 = time.perf_counter()
+    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=16M"], check=True, capture_output=True)
+    seconds = time.perf_counter() - t0
+    path.unlink()
+    return size / seconds
+
+
+def stored_bytes(store, group: str) -> int:
+    return sum(f.stat().st_size for f in (Path(store.url) / group).rglob("*") if f.is_file())
 
 
 def main() -> None:
@@ -30,38 +70,88 @@ def main() -> None:
     parser.add_argument("--nnz", type=int, default=None)
     parser.add_argument("--factors", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gpu", action="store_true", help="also time kernel compilation")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--gpu", action="store_true", help="also the GPU copy and compilation")
     parser.add_argument("--data", default="/tmp/cumf-bench")
     args = parser.parse_args()
     if args.preset is None:
         args.m, args.n, args.nnz = args.m or 100_000, args.n or 20_000, args.nnz or 5_000_000
     store = get_store(args)
-    print(f"store: {store.m:,} x {store.n:,}, {store.nnz:,} ratings")
-    for orient, (rows, cols) in (("row", (store.m, store.n)), ("col", (store.n, store.m))):
-        times = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            block = store.read_block(orient, (0, rows), (0, cols))
-            times.append(time.perf_counter() - t0)
-        rate = block.nnz / statistics.median(times) / 1e6
-        print(
-            f"read_block {orient}: median {statistics.median(times):.2f} s ({rate:.0f} M ratings/s)"
-        )
+    print(f"store: {store.m:,} x {store.n:,}, {store.nnz:,} ratings; {args.threads} threads")
+    print(f"disk (dd, cold): {disk_rate(args.data) / 1e9:.2f} GB/s")
+    be = None
     if args.gpu:
-        os.environ["CUPY_CACHE_DIR"] = tempfile.mkdtemp(prefix="cupy-cold-")
         from cumf_dask.backend import get_backend
 
         be = get_backend("cupy")
-        rng = np.random.default_rng(0)
-        r, c = rng.integers(0, 100, 5000), rng.integers(0, 200, 5000)
-        blk = be.block_to_device(coo_to_block(r, c, np.ones(5000, np.float32), 0, 0, 100, 200))
-        fixed = be.asarray(rng.random((200, args.factors), dtype=np.float32))
-        counts = be.asarray(np.bincount(r, minlength=100))
-        for label in ("cold (compiles)", "warm"):
-            t0 = time.perf_counter()
-            be.update(blk, fixed, counts, 0.05)
-            be.xp.cuda.Device().synchronize()
-            print(f"first update, f={args.factors}, {label}: {time.perf_counter() - t0:.2f} s")
+    print(f"{'orient':<7}{'cache':<6}{'seconds':>9}{'stored GB/s':>12}{'raw GB/s':>10}"
+          f"{'M ratings/s':>12}{'to GPU s':>9}{'pinned s':>9}")  # fmt: skip
+    for orient, group in (("row", "by_row"), ("col", "by_col")):
+        stored = stored_bytes(store, group)
+        shape = store.shape(orient)
+        for cache in ("warm", "cold"):
+            times = []
+            for _ in range(args.repeats):
+                if cache == "cold":
+                    evict(Path(store.url) / group)
+                t0 = time.perf_counter()
+                block = store.read_block(orient, (0, shape[0]), (0, shape[1]), threads=args.threads)
+                times.append(time.perf_counter() - t0)
+            sec = statistics.median(times)
+            rates = (stored / sec / 1e9, 12 * block.nnz / sec / 1e9, block.nnz / sec / 1e6)
+            line = f"{orient:<7}{cache:<6}{sec:>9.3f}{rates[0]:>12.2f}{rates[1]:>10.2f}"
+            line += f"{rates[2]:>12.0f}"
+            if be is not None and cache == "warm":
+                line += "".join(f"{t:>9.3f}" for t in gpu_copy_seconds(be, block))
+            print(line)
+    if be is not None:
+        compile_seconds(args.factors)
+
+
+def gpu_copy_seconds(be, block) -> tuple[float, float]:
+    """(pageable, pinned) seconds to copy the block's arrays into GPU memory."""
+    cp = be.xp
+    be.block_to_device(block)
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    be.block_to_device(block)
+    cp.cuda.Device().synchronize()
+    pageable = time.perf_counter() - t0
+    arrays = [block.indptr, block.indices, block.values]
+    pinned = []
+    for a in arrays:
+        mem = cp.cuda.alloc_pinned_memory(a.nbytes)
+        host = np.frombuffer(mem, a.dtype, a.size)
+        host[...] = a
+        pinned.append(host)
+    t0 = time.perf_counter()
+    out = [cp.asarray(h) for h in pinned]
+    cp.cuda.Device().synchronize()
+    del out
+    return pageable, time.perf_counter() - t0
+
+
+def compile_seconds(f: int) -> None:
+    """First update in a fresh process with an empty kernel cache (compiles), then again in
+    another process with the disk cache the first one filled (what the next run sees)."""
+    code = (
+        "import numpy as np, time\n"
+        "from cumf_dask.backend import get_backend\n"
+        "from cumf_dask.blocks import coo_to_block\n"
+        "be = get_backend('cupy'); rng = np.random.default_rng(0)\n"
+        "r, c = rng.integers(0, 100, 5000), rng.integers(0, 200, 5000)\n"
+        "blk = be.block_to_device(coo_to_block(r, c, np.ones(5000, np.float32), 0, 0, 100, 200))\n"
+        f"fixed = be.asarray(rng.random((200, {f}), dtype=np.float32))\n"
+        "counts = be.asarray(np.bincount(r, minlength=100))\n"
+        "t0 = time.perf_counter(); be.prepare(fixed.shape[1])\n"
+        "be.update(blk, fixed, counts, 0.05)\n"
+        "be.xp.cuda.Device().synchronize(); print(f'{time.perf_counter() - t0:.2f}')\n"
+    )
+    cache = tempfile.mkdtemp(prefix="cupy-cache-")
+    env = {**os.environ, "CUPY_CACHE_DIR": cache}
+    for label in ("empty kernel cache (compiles)", "warm kernel cache (next run)"):
+        out = subprocess.run(["python3", "-c", code], env=env, capture_output=True, text=True)
+        print(f"first update, f={f}, {label}: {out.stdout.strip() or out.stderr[-300:]} s")
 
 
 if __name__ == "__main__":

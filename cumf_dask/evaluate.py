@@ -31,7 +31,7 @@ def ranking_metrics(
             f"{store.url}: the store has no held-out ratings; ingest or generate it with a "
             "test fraction (--test-fraction) to compute ranking metrics"
         )
-    rows, cols, vals = store.read_coo("test")
+    rows, cols, vals = store.read_coo("row", split="test")
     if threshold is not None:
         keep = vals >= threshold
         rows, cols = rows[keep], cols[keep]

@@ -211,7 +211,7 @@ class ALS:
             chunks = [(rows, cols, vals)]
         else:
             store = data if isinstance(data, RatingsStore) else RatingsStore.open(str(data))
-            chunks = store.iter_bands("test" if kind == "test" else "row")
+            chunks = store.iter_bands("row", "test" if kind == "test" else "train")
         total, count = 0.0, 0
         be = get_backend("numpy")
         for rows, cols, vals in chunks:

@@ -50,8 +50,8 @@ def contents(store):
     rows = None if rows is None else rows.tolist()
     cols = None if cols is None else cols.tolist()
     out = {}
-    for kind in ("row", "test") if store.has_test else ("row",):
-        for r, c, v in zip(*(a.tolist() for a in store.read_coo(kind)), strict=True):
+    for split in ("train", "test") if store.has_test else ("train",):
+        for r, c, v in zip(*(a.tolist() for a in store.read_coo("row", split=split)), strict=True):
             out[(r if rows is None else rows[r], c if cols is None else cols[c])] = v
     return out
 
@@ -317,7 +317,7 @@ def test_split_deterministic_and_independent_of_chunking(tmp_path):
             path, tmp_path / name, test_fraction=0.25, split_seed=seed, chunk_rows=chunk_rows
         )
         rows, cols = store.ids("rows").tolist(), store.ids("cols").tolist()
-        r, c, _ = store.read_coo("test")
+        r, c, _ = store.read_coo("row", split="test")
         return store, {(rows[a], cols[b]) for a, b in zip(r.tolist(), c.tolist(), strict=True)}
 
     store, test = split("a.zarr", 3, 1_000_000)

@@ -45,7 +45,7 @@ def tiled_store(tmp_path, ratings, tiles):
     )
 
 
-@pytest.mark.parametrize("tiles", [(4, 3), (32, 16), (M, N), (1000, 1000)])
+@pytest.mark.parametrize("tiles", [(17, 9), (M, N), (1000, 1000)])
 def test_round_trip_both_orientations(tmp_path, ratings, tiles):
     rows, cols, vals = ratings
     store = tiled_store(tmp_path, ratings, tiles)
@@ -107,8 +107,10 @@ def test_split_is_deterministic_and_chunking_independent(tmp_path, ratings):
     for lo in range(0, len(vals), 97):
         builder.add(rows[lo : lo + 97], cols[lo : lo + 97], vals[lo : lo + 97])
     b = builder.finalize()
-    for kind in ("row", "test"):
-        np.testing.assert_array_equal(np.c_[a.read_coo(kind)[:2]], np.c_[b.read_coo(kind)[:2]])
+    for split in ("train", "test"):
+        np.testing.assert_array_equal(
+            np.c_[a.read_coo("row", split=split)[:2]], np.c_[b.read_coo("row", split=split)[:2]]
+        )
     assert 0.15 < a.nnz_test / len(vals) < 0.35
     other = split_mask(rows, cols, 0.25, 5)
     assert (other != split_mask(rows, cols, 0.25, 4)).any()
@@ -233,7 +235,7 @@ def test_fsspec_urls(tmp_path, ratings, scheme):
     build_store(url, rows, cols, vals, shape=(M, N), test_fraction=0.2)
     store = RatingsStore.open(url)
     r, c, v = store.read_coo("row")
-    rt, ct, vt = store.read_coo("test")
+    rt, ct, vt = store.read_coo("row", split="test")
     got = dense(np.r_[r, rt], np.r_[c, ct], np.r_[v, vt], (M, N))
     np.testing.assert_array_equal(got, dense(rows, cols, vals, (M, N)))
 
@@ -256,3 +258,79 @@ def test_overwrite_never_deletes_foreign_data(tmp_path, ratings):
     with pytest.raises(ConfigError, match="tile_rows"):  # an argument, not the data
         build_store(str(tmp_path / "t.zarr"), rows, cols, vals, shape=(M, N), tile_rows=0)
     assert not (tmp_path / "t.zarr").exists() and not (tmp_path / "t.zarr.partial").exists()
+
+
+# ----------------------------------------------------------------------------- integrity
+
+
+def _shard(url: str, array: str = "by_row/0/val") -> Path:
+    return Path(url) / array / "c" / "0"
+
+
+def _drop_chunk(path: Path) -> None:
+    """Mark inner chunk 0 of a shard as never written (as a lost chunk looks), with a valid
+    index checksum, so only the missing-chunk rule can catch it."""
+    import google_crc32c
+
+    data = bytearray(path.read_bytes())
+    index = np.frombuffer(bytes(data[-20:-4]), "<u8").copy()
+    index[:] = 2**64 - 1
+    data[-20:-4] = index.tobytes()
+    data[-4:] = np.uint32(google_crc32c.value(bytes(data[-20:-4]))).tobytes()
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "flipped byte in a chunk": lambda url: _flip(_shard(url), 40),
+    "chunk missing from a shard": lambda url: _drop_chunk(_shard(url)),
+    "shard file deleted": lambda url: _shard(url).unlink(),
+    "shard truncated": lambda url: _shard(url).write_bytes(_shard(url).read_bytes()[:30]),
+    "counts chunk deleted": lambda url: (Path(url) / "row_nnz" / "c" / "0").unlink(),
+    "array metadata deleted": lambda url: (Path(url) / "by_col" / "0" / "minor" / "zarr.json")
+    .unlink(),
+}
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_or_missing_data_is_an_error_never_zeros(tmp_path, ratings, damage):
+    rows, cols, vals = ratings
+    url = str(tmp_path / "s.zarr")
+    build_store(url, rows, cols, vals, shape=(M, N), tile_rows=64, tile_cols=32)
+    DAMAGE[damage](url)
+    with pytest.raises(StoreError, match="damaged store") as err:
+        store = RatingsStore.open(url)
+        for orient in ("row", "col"):
+            store.counts(orient)
+            store.read_block(orient, (0, store.shape(orient)[0]), (0, store.shape(orient)[1]))
+    assert "rebuild" in str(err.value)
+
+
+def test_a_fit_on_a_damaged_store_fails_with_the_store_error(tmp_path, ratings, client2):
+    from cumf_dask.model import ALS
+
+    rows, cols, vals = ratings
+    url = str(tmp_path / "s.zarr")
+    store = build_store(url, rows, cols, vals, shape=(M, N), tile_rows=64, tile_cols=32)
+    _drop_chunk(_shard(url, "by_col/1/val"))
+    with pytest.raises(StoreError, match="chunk 0 of shard 0 is missing"):
+        ALS(3, 0.1, 2, backend="numpy").fit(store, client=client2)
+
+
+def test_remote_store_with_a_missing_chunk_is_caught_by_its_fill_value(ratings):
+    """Through zarr (a URL) a missing chunk reads as the fill value: NaN ratings, -1 indices
+    and counts, which validation refuses."""
+    import fsspec
+
+    rows, cols, vals = ratings
+    url = "memory://damaged.zarr"
+    build_store(url, rows, cols, vals, shape=(M, N), tile_rows=64, tile_cols=32, overwrite=True)
+    fsspec.filesystem("memory").rm("/damaged.zarr/by_row/0/val/c/0")
+    store = RatingsStore.open(url)
+    with pytest.raises(StoreError, match="not finite"):
+        store.read_block("row", (0, M), (0, N))

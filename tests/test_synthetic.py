@@ -47,8 +47,8 @@ def assert_same_store(a, b):
 def triples(store):
     """Training and test ratings as {(row, col): rating}."""
     out = {}
-    for kind in ("row", "test"):
-        row, col, val = store.read_coo(kind)
+    for split in ("train", "test"):
+        row, col, val = store.read_coo("row", split=split)
         out.update(zip(zip(row.tolist(), col.tolist(), strict=True), val.tolist(), strict=True))
     return out
 
@@ -104,7 +104,7 @@ def test_planted_statistics(tmp_path):
     assert store.stats["mean"] == pytest.approx(3.5, abs=0.1)
     assert store.stats["std"] == pytest.approx(np.hypot(1.0, 0.25), abs=0.1)
     # test ratings minus the planted X* Theta*^T: the noise
-    row, col, val = store.read_coo("test")
+    row, col, val = store.read_coo("row", split="test")
     model = PlantedModel.from_source(store.source)
     residual = val - model.clean(row, col)
     assert residual.mean() == pytest.approx(0, abs=0.01)

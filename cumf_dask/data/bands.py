@@ -21,11 +21,13 @@ from ..errors import IngestError, StoreError
 from ..paths import is_url, normalize_url
 from .store import (
     _GROUPS,
+    BAND_CHUNK,
     CHUNK,
     FORMAT,
-    TILE_CHUNK,
     VERSION,
     RatingsStore,
+    codecs,
+    fill_value,
     index_dtype,
 )
 from .target import check_target
@@ -57,8 +59,10 @@ def init_store(
             "n_col_tiles": math.ceil(n / tile_cols),
         }
     )
-    group.create_array("row_nnz", shape=(m,), chunks=(tile_rows,), dtype="int64", fill_value=0)
-    group.create_array("col_nnz", shape=(n,), chunks=(tile_cols,), dtype="int64", fill_value=0)
+    for name, size, tile in (("row_nnz", m, tile_rows), ("col_nnz", n, tile_cols)):
+        group.create_array(
+            name, shape=(size,), chunks=(tile,), dtype="int64", fill_value=-1, **codecs()
+        )
 
 
 def _geometry(attrs: dict[str, Any], kind: BandKind) -> tuple[int, int, int, int]:
@@ -98,17 +102,17 @@ def write_band(
     np.cumsum(np.bincount(minor_tile, minlength=n_tiles), out=ptr[1:])
     sub = group.require_group(f"{_GROUPS[kind]}/{band}")
     size = int(val.size)
-    # One shard (one file) per band array, in small inner chunks: a tile read decodes
-    # little more than the tile, and the band is still written whole by this one call.
-    chunk = max(1, min(TILE_CHUNK, size))
+    # One shard (one file) per band array, in 1M-entry inner chunks, written whole by this
+    # one call; every chunk carries a crc32c, and the fill values are impossible data.
+    chunk = max(1, min(BAND_CHUNK, size))
     shard = max(chunk, -(-size // chunk) * chunk)  # zarr >= 3.2 refuses an empty shard
-    layout = {"shape": (size,), "chunks": (chunk,), "shards": (shard,)}
-    sub.create_array("major", dtype="int32", overwrite=True, **layout)
-    sub.create_array("minor", dtype=index_dtype(n_minor), overwrite=True, **layout)
-    sub.create_array("val", dtype="float32", overwrite=True, **layout)
+    layout = {"shape": (size,), "chunks": (chunk,), "shards": (shard,), **codecs()}
+    for name, dtype in (("major", "int32"), ("minor", index_dtype(n_minor)), ("val", "float32")):
+        sub.create_array(name, dtype=dtype, fill_value=fill_value(dtype), overwrite=True, **layout)
     sub.create_array(
-        "ptr", shape=(n_tiles + 1,), chunks=(n_tiles + 1,), dtype="int64", overwrite=True
-    )
+        "ptr", shape=(n_tiles + 1,), chunks=(n_tiles + 1,), dtype="int64", fill_value=-1,
+        overwrite=True, **codecs(),
+    )  # fmt: skip
     if size:
         sub["major"][:] = local
         sub["minor"][:] = minor.astype(index_dtype(n_minor))
@@ -172,12 +176,9 @@ def finish_store(
         for s in summaries:
             band_nnz[int(s["band"])] = int(s["nnz"])
         group.create_array(
-            f"{_GROUPS[kind]}/band_nnz",
-            shape=(bands,),
-            chunks=(max(bands, 1),),
-            dtype="int64",
-            overwrite=True,
-        )
+            f"{_GROUPS[kind]}/band_nnz", shape=(bands,), chunks=(max(bands, 1),), dtype="int64",
+            fill_value=-1, overwrite=True, **codecs(),
+        )  # fmt: skip
         if bands:
             group[f"{_GROUPS[kind]}/band_nnz"][:] = band_nnz
         if kind == "row":
@@ -191,12 +192,9 @@ def finish_store(
         if ids is not None:
             dtype = str if ids.dtype.kind in "OUS" else ids.dtype
             arr = group.create_array(
-                f"ids/{axis}",
-                shape=ids.shape,
-                chunks=(max(1, min(CHUNK, ids.size)),),
-                dtype=dtype,
-                overwrite=True,
-            )
+                f"ids/{axis}", shape=ids.shape, chunks=(max(1, min(CHUNK, ids.size)),),
+                dtype=dtype, overwrite=True, **({} if dtype is str else codecs()),
+            )  # fmt: skip
             arr[:] = ids.astype(object) if dtype is str else ids
     total = sum(s["sum"] for s in row_summaries)
     sumsq = sum(s["sumsq"] for s in row_summaries)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -214,6 +215,18 @@ def measure_link(client: Client, workers: list[str], backend: str, nbytes: int =
 
     moved = transfer_seconds(nbytes) - transfer_seconds(8)
     return nbytes / moved if moved > 1e-4 else math.inf
+
+
+def read_threads(client: Client, workers: list[str]) -> dict[str, int]:
+    """Threads each worker may use to read and assemble blocks: its machine's cores shared
+    by the workers on that machine (a GPU worker on a 16-core machine decodes on 16)."""
+    cores = client.run(os.cpu_count)
+    per_host = Counter(_host(w) for w in workers)
+    return {w: max(1, int(cores.get(w) or 1) // per_host[_host(w)]) for w in workers}
+
+
+def _host(address: str) -> str:
+    return address.split("://", 1)[-1].rsplit(":", 1)[0]
 
 
 def backend_on(client: Client, name: str) -> str:

@@ -24,6 +24,7 @@ from .cluster import (
     CumfWorkerSetup,
     has_compute_slots,
     measure_link,
+    read_threads,
     worker_addresses,
     worker_memory,
 )
@@ -85,7 +86,7 @@ def fit(
     )  # fmt: skip
     engine = SUALSEngine(
         client, store, plan, params.regularization, backend_spec(backend, params.precision),
-        workers, has_compute_slots(client),
+        workers, has_compute_slots(client), read_threads(client, workers),
     )  # fmt: skip
     engine.prepare(params.factors)  # kernels compile while the first blocks load
     checkpointer = Checkpointer(checkpoint_dir) if checkpoint_dir else None

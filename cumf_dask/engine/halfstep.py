@@ -43,6 +43,7 @@ class SUALSEngine:
         backend: str,
         workers: list[str],
         compute_slots: bool = False,
+        read_threads: dict[str, int] | None = None,
     ):
         self.client = client
         self.store = store
@@ -52,6 +53,7 @@ class SUALSEngine:
         self.place = Placement(workers)
         self.run = uuid.uuid4().hex[:8]
         self.submit = Pinned(client, self.run, compute_slots)
+        self.read_threads = read_threads or {}  # threads per worker for reading blocks
         self._resident: dict[Any, Future] = {}  # blocks and counts loaded once
 
     # ------------------------------------------------------------------ inputs on workers
@@ -67,11 +69,13 @@ class SUALSEngine:
         cols = (h.col_bounds[part], h.col_bounds[part + 1])
         tag = f"load-{split}-{h.label}-batch{batch}-part{part}"
 
+        worker = self.place.block(h, part, batch)
+
         def load() -> Future:
             return self.submit(
                 tasks.load_block, self.store, h.orient, split, rows, cols, self.backend,
+                self.read_threads.get(worker, 1), worker=worker, compute=False,
                 key=tag if self.plan.resident else f"{tag}-it{it}",
-                worker=self.place.block(h, part, batch), compute=False,
             )  # fmt: skip
 
         return self._cached((split, h.side, part, batch), load) if self.plan.resident else load()

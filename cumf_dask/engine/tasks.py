@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from ..backend import get_backend
-from ..blocks import Block, coo_to_block
-from ..data.store import RatingsStore
+from ..blocks import Block
+from ..data.store import Orientation, RatingsStore, Split
 from ..errors import out_of_memory_as
 from ..factors import init_factor
 
@@ -24,16 +24,17 @@ def _on(block: Block) -> str:
 
 
 def load_block(
-    store: RatingsStore, orient: str, split: str, rows: tuple, cols: tuple, backend: str
+    store: RatingsStore,
+    orient: Orientation,
+    split: Split,
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+    backend: str,
+    threads: int = 1,
 ) -> Block:
-    """R^(ij) from the store (its training or held-out ratings), moved to the worker's device."""
-    if split == "test":
-        r, c, v = store.read_coo("test", rows, cols)
-        block = coo_to_block(
-            r - rows[0], c - cols[0], v, rows[0], cols[0], rows[1] - rows[0], cols[1] - cols[0]
-        )
-    else:
-        block = store.read_block(orient, rows, cols)  # type: ignore[arg-type]
+    """R^(ij) from the store (its training or held-out ratings), read on `threads` threads,
+    moved to the worker's device."""
+    block = store.read_block(orient, rows, cols, split, threads)
     return get_backend(backend).block_to_device(block)
 
 
@@ -44,10 +45,7 @@ def prepare(f: int, backend: str) -> None:
 
 def load_counts(store: RatingsStore, orient: str, rows: tuple, backend: str) -> Any:
     """Total rating counts of rows [lo, hi) (for weighted lambda)."""
-    counts = np.asarray(
-        store._group["row_nnz" if orient == "row" else "col_nnz"][rows[0] : rows[1]]
-    )
-    return get_backend(backend).asarray(counts)
+    return get_backend(backend).asarray(store.counts(orient, rows))
 
 
 def initial_factor(n_rows: int, f: int, seed: int, lo: int, hi: int, backend: str) -> Any:
