@@ -180,3 +180,18 @@ def test_out_of_memory_is_a_device_memory_error(gpu):
                   np.zeros(0, np.float32), 0, 0, n_rows, 10)  # fmt: skip
     with pytest.raises(DeviceMemoryError, match="plan smaller batches"):
         gpu.hermitian(gpu.block_to_device(block), gpu.asarray(np.ones((10, 256), np.float32)))
+
+
+@pytest.mark.parametrize("f", [1, 10, 33, 100, 256])
+def test_block_squared_error_matches_float64(gpu, f):
+    """The error kernel against a float64 sum, with empty rows and a long row."""
+    rows, cols, vals, block, fixed = _problem(300, 200, f, 0.05, seed=f, empty_rows=[3, 7])
+    extra = np.arange(200)  # row 5 rates every column
+    block = coo_to_block(np.r_[rows[rows != 5], np.full(200, 5)], np.r_[cols[rows != 5], extra],
+                         np.r_[vals[rows != 5], np.full(200, 2.5, np.float32)], 0, 0, 300, 200)
+    X = np.random.default_rng(f).standard_normal((300, f)).astype(np.float32)
+    r = np.repeat(np.arange(300), np.diff(block.indptr))
+    want = float(((block.values - (X[r].astype(np.float64) * fixed[block.indices]).sum(1)) ** 2)
+                 .sum())  # fmt: skip
+    got = gpu.block_squared_error(gpu.block_to_device(block), gpu.asarray(X), gpu.asarray(fixed))
+    assert abs(got - want) / want < 1e-5

@@ -120,6 +120,13 @@ class Backend(ABC):
         diff = self.predict(X, Theta, rows, cols).astype(self.xp.float64) - vals
         return float((diff * diff).sum())
 
+    def block_squared_error(self, block: Block, X: Any, fixed: Any) -> float:
+        """Sum of (r_uv - x_u . theta_v)^2 over a block's ratings: X holds the block's rows,
+        `fixed` its columns."""
+        if block.nnz == 0:
+            return 0.0
+        return self.squared_error(X, fixed, self.row_of(block), block.indices, block.values)
+
     def topk(self, X: Any, Theta: Any, k: int, seen: Block | None = None) -> tuple[Any, Any]:
         """Top-k columns by score X @ Theta^T for each row of X, skipping `seen` ratings.
 

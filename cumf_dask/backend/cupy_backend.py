@@ -52,6 +52,7 @@ BATCH_BYTES = 1 << 30  # A of a row batch when rows go through hermitian + solve
 THREADS_PER_SM = 480  # kernels' register cap: this many resident threads per SM
 LONG_ROW = 4096  # rows with more ratings are split over several blocks (hermitian + solve)
 _SOURCE = Path(__file__).parent / "kernels" / "mo_als.cu"
+_ERROR_SOURCE = Path(__file__).parent / "kernels" / "error.cu"
 _SMALLER = "plan smaller batches (a larger plan.q) so that a block fits the GPU"
 _ELEMENT = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}  # kernels' T by dtype
 
@@ -107,6 +108,13 @@ def _compile(padded: int, device: int, threads_per_sm: int, element: str) -> dic
         code=_SOURCE.read_text(), options=("-std=c++17",), name_expressions=list(names.values())
     )
     return {key: module.get_function(name) for key, name in names.items()}
+
+
+@cache
+def _error_kernel(device: int) -> Any:
+    """The squared-error kernel (kernels/error.cu), compiled once per device and process."""
+    module = cp.RawModule(code=_ERROR_SOURCE.read_text(), options=("-std=c++17",))
+    return module.get_function("squared_error_kernel")
 
 
 def bfloat16_rows(fixed: Any) -> Any:
@@ -253,6 +261,20 @@ class CupyBackend(Backend):
             M[:, diag, diag] += (lam * counts[sel]).astype(cp.float32)[:, None]
             # C-order A^T read as column-major lower = A's lower triangle.
             X[sel] = cupyx.lapack.posv(M.transpose(0, 2, 1), B[sel])
+
+    def block_squared_error(self, block: Block, X: Any, fixed: Any) -> float:
+        """One kernel over the block's CSR (kernels/error.cu), float64 sums."""
+        if block.nnz == 0:
+            return 0.0
+        indptr, indices, values = self._csr(block)
+        X = cp.ascontiguousarray(cp.asarray(X), dtype=cp.float32)
+        fixed = cp.ascontiguousarray(cp.asarray(fixed), dtype=cp.float32)
+        f = X.shape[1]
+        out = cp.zeros(1, cp.float64)
+        kernel = _error_kernel(cp.cuda.Device().id)
+        args = (indptr, indices, values, X, fixed, np.int32(f), out)
+        kernel((block.n_rows,), (128,), args, shared_mem=4 * f)
+        return float(out[0])
 
     # ------------------------------------------------------------------ ALS kernels
     def hermitian(self, block: Block, fixed: Any) -> tuple[Any, Any]:

@@ -88,7 +88,8 @@ def fit(
         client, store, plan, params.regularization, backend_spec(backend, params.precision),
         workers, has_compute_slots(client), read_threads(client, workers),
     )  # fmt: skip
-    engine.prepare(params.factors)  # kernels compile while the first blocks load
+    engine.preload(held_out=evaluate and store.has_test)
+    engine.prepare(params.factors)  # kernels compile while the blocks load
     checkpointer = Checkpointer(checkpoint_dir) if checkpoint_dir else None
     if resume and checkpointer is None:
         raise ConfigError("fit(resume=True) needs checkpoint_dir (output.checkpoint)")

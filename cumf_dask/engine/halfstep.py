@@ -109,6 +109,19 @@ class SUALSEngine:
             compute=False,
         )  # fmt: skip
 
+    def preload(self, held_out: bool) -> None:
+        """Start loading every resident block of both half-steps now (loads take no compute
+        slot), so update Theta's blocks arrive while update X computes; with `held_out`
+        also the held-out blocks the RMSE reads. Streamed plans load per half-step."""
+        if not self.plan.resident:
+            return
+        splits = ("train", "test") if held_out else ("train",)
+        for split in splits:
+            for h in (self.plan.x, self.plan.theta) if split == "train" else (self.plan.x,):
+                for j in range(h.q):
+                    for i in range(h.p):
+                        self.block(h, i, j, 0, split)
+
     def prepare(self, f: int) -> None:
         """Compile each worker's kernels in the background (not a compute task: loads and
         computations that need the kernels wait for the compile lock, not for this task)."""

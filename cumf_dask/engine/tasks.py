@@ -102,11 +102,7 @@ def reduce_solve(counts: Any, lam: float, f: int, backend: str, *partials: tuple
 
 def block_squared_error(block: Block, x_rows: Any, fixed: Any, backend: str) -> tuple[float, int]:
     """Sum of squared residuals over a block's ratings, and their count."""
-    be = get_backend(backend)
-    if block.nnz == 0:
-        return 0.0, 0
-    rows = be.row_of(block)
-    return be.squared_error(x_rows, fixed, rows, block.indices, block.values), block.nnz
+    return get_backend(backend).block_squared_error(block, x_rows, fixed), block.nnz
 
 
 def recommend_batch(
