@@ -1,7 +1,13 @@
-"""The CSR block: R restricted to a range of rows and columns, the unit the backends compute on.
+"""The CSR block: R restricted to a range of rows and columns, the unit the backends compute on,
+and the decoded bands a block is assembled from.
 
 It sits below both the store (which reads blocks) and the backends (which compute on them),
-so neither imports the other.
+so neither imports the other. :func:`block_on_host` makes the CSR of decoded bands with
+NumPy, one band per thread: each band's ratings are checked, cut to the exact range and put
+in CSR order straight into their slice of the block's arrays. Bands hold consecutive rows,
+so a stable sort by row inside each band is all the ordering there is (inside a tile the
+ratings are already sorted by row: it merges a few sorted runs, and keeps each row's
+columns in order).
 """
 
 from __future__ import annotations
@@ -10,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from .errors import StoreError
+from .threads import run
 
 
 @dataclass(frozen=True)
@@ -74,3 +83,78 @@ def take_rows(block: Block, idx: np.ndarray) -> Block:
         int(idx.size),
         block.n_cols,
     )
+
+
+@dataclass
+class BandSlice:
+    """One band's share of a block, as decoded: local rows, global columns, ratings."""
+
+    band: int
+    first: int  # the band's first row (global)
+    major: np.ndarray  # int32 rows within the band
+    minor: np.ndarray  # int32/int64 global columns
+    val: np.ndarray  # float32
+
+
+@dataclass
+class Bands:
+    """The decoded bands of a block with rows [r0, r1) and columns [c0, c1)."""
+
+    where: str  # the store and band group, for messages
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    band_rows: int  # rows per band (t_major)
+    n_major: int  # rows of the orientation
+    n_minor: int  # columns of the orientation
+    slices: list[BandSlice]
+
+    def rows_of(self, s: BandSlice) -> tuple[int, int]:
+        """The block rows [a, z) of a band (global)."""
+        first_stop = min(s.first + self.band_rows, self.n_major)
+        return max(self.rows[0], s.first), min(self.rows[1], first_stop)
+
+    def damaged(self, s: BandSlice) -> StoreError:
+        return StoreError(
+            f"{self.where}/{s.band}: damaged store: entries out of range or not finite (a "
+            "missing chunk?); rebuild the store (ingest or generate with --overwrite)"
+        )
+
+
+def block_on_host(bands: Bands, threads: int = 1) -> Block:
+    """The CSR block of decoded bands, built with NumPy, one band per thread."""
+    (r0, r1), (c0, c1) = bands.rows, bands.cols
+    parts: list = [None] * len(bands.slices)
+
+    def cut(i: int) -> None:
+        s = bands.slices[i]
+        major, minor, val = s.major, s.minor, s.val
+        a, z = bands.rows_of(s)
+        rows_here = min(bands.band_rows, bands.n_major - s.first)
+        if val.size and (
+            major.min() < 0 or major.max() >= rows_here or minor.min() < 0
+            or minor.max() >= bands.n_minor or not np.isfinite(val).all()
+        ):  # fmt: skip
+            raise bands.damaged(s)
+        keep = (major >= a - s.first) & (major < z - s.first) & (minor >= c0) & (minor < c1)
+        if not keep.all():
+            major, minor, val = major[keep], minor[keep], val[keep]
+        parts[i] = (a - r0, z - a, major - np.int32(a - s.first), minor, val)
+
+    run([lambda i=i: cut(i) for i in range(len(parts))], threads)
+    starts = np.cumsum([0] + [part[2].size for part in parts])
+    indptr = np.zeros(r1 - r0 + 1, np.int64)
+    indices = np.empty(int(starts[-1]), np.int32)
+    values = np.empty(int(starts[-1]), np.float32)
+
+    def place(i: int) -> None:
+        row, n_rows, major, minor, val = parts[i]
+        lo, hi = int(starts[i]), int(starts[i + 1])
+        order = np.argsort(major, kind="stable")
+        np.subtract(minor[order], c0, out=indices[lo:hi], casting="unsafe")
+        np.take(val, order, out=values[lo:hi])
+        ends = indptr[row + 1 : row + n_rows + 1]
+        np.cumsum(np.bincount(major, minlength=n_rows), out=ends)
+        ends += lo
+
+    run([lambda i=i: place(i) for i in range(len(parts))], threads)
+    return Block(indptr, indices, values, r0, c0, r1 - r0, c1 - c0)

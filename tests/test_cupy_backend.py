@@ -195,3 +195,30 @@ def test_block_squared_error_matches_float64(gpu, f):
                  .sum())  # fmt: skip
     got = gpu.block_squared_error(gpu.block_to_device(block), gpu.asarray(X), gpu.asarray(fixed))
     assert abs(got - want) / want < 1e-5
+
+
+def test_blocks_built_on_the_gpu_equal_the_host_ones(gpu, tmp_path):
+    from cumf_dask.blocks import block_on_host
+    from cumf_dask.data.assemble import read_bands
+    from cumf_dask.data.spill import build_store
+    from cumf_dask.errors import StoreError
+
+    rows, cols, vals = random_ratings(130, 70, 0.2, seed=4, empty_rows=[9], skew=0.5)
+    store = build_store(str(tmp_path / "s.zarr"), rows, cols, vals, shape=(130, 70),
+                        test_fraction=0.2, tile_rows=17, tile_cols=9)  # fmt: skip
+    cases = [
+        ("row", "train", (0, 130), (0, 70)),  # whole, bands and tiles uncut
+        ("row", "test", (5, 99), (3, 61)),  # the held-out split, cut on every side
+        ("col", "train", (10, 70), (17, 120)),
+        ("col", "train", (0, 9), (0, 130)),  # one band
+    ]
+    for orient, split, r, c in cases:
+        bands = read_bands(store, orient, r, c, split, threads=2)
+        host, dev = block_on_host(bands), gpu.block_from_bands(bands)
+        for name in ("indptr", "indices", "values"):
+            np.testing.assert_array_equal(gpu.to_host(getattr(dev, name)), getattr(host, name))
+        shape = ("row0", "col0", "n_rows", "n_cols")
+        assert [getattr(dev, a) for a in shape] == [getattr(host, a) for a in shape]
+    bands.slices[0].val[0] = np.nan
+    with pytest.raises(StoreError, match="damaged store"):
+        gpu.block_from_bands(bands)

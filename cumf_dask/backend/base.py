@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..blocks import Block
+from ..blocks import Bands, Block, block_on_host
 from ..checks import check_choice
 
 PRECISIONS = ("float32", "bfloat16")  # storage of the fixed factor in the Gram build
@@ -59,6 +59,11 @@ class Backend(ABC):
     def to_host(self, x: Any) -> np.ndarray:
         """This backend's array -> NumPy."""
         return np.asarray(x)
+
+    def block_from_bands(self, bands: Bands, threads: int = 1) -> Block:
+        """The CSR block of a store's decoded bands (:mod:`cumf_dask.data.assemble`), in
+        this backend's memory."""
+        return self.block_to_device(block_on_host(bands, threads))
 
     def block_to_device(self, block: Block) -> Block:
         return replace(

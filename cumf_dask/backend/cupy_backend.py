@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..blocks import Block
+from ..blocks import Bands, Block
 from ..compat import import_cupy
 from ..errors import out_of_memory_as
 from .base import Backend, round_bfloat16
@@ -261,6 +261,43 @@ class CupyBackend(Backend):
             M[:, diag, diag] += (lam * counts[sel]).astype(cp.float32)[:, None]
             # C-order A^T read as column-major lower = A's lower triangle.
             X[sel] = cupyx.lapack.posv(M.transpose(0, 2, 1), B[sel])
+
+    def block_from_bands(self, bands: Bands, threads: int = 1) -> Block:
+        """The CSR block built on the GPU, one band at a time: the band's decoded arrays are
+        copied over (12 bytes a rating, as many as the CSR itself), checked, cut to the
+        block, and ordered by one sort of a (row, column) key."""
+        (r0, r1), (c0, c1) = bands.rows, bands.cols
+        counts = cp.zeros(r1 - r0, cp.int64)
+        indices, values = [], []
+        with out_of_memory_as(f"building a block of {r1 - r0:,} rows", _SMALLER):
+            for s in bands.slices:
+                if not s.val.size:
+                    continue
+                a, z = bands.rows_of(s)
+                major, minor, val = cp.asarray(s.major), cp.asarray(s.minor), cp.asarray(s.val)
+                rows_here = min(bands.band_rows, bands.n_major - s.first)
+                bad = (
+                    (major.min() < 0) | (major.max() >= rows_here) | (minor.min() < 0)
+                    | (minor.max() >= bands.n_minor) | ~cp.isfinite(val).all()
+                )  # fmt: skip
+                if bool(bad):
+                    raise bands.damaged(s)
+                row = major.astype(cp.int64) - (a - s.first)  # rows of the band within [a, z)
+                keep = (row >= 0) & (row < z - a) & (minor >= c0) & (minor < c1)
+                if not bool(keep.all()):
+                    row, minor, val = row[keep], minor[keep], val[keep]
+                col = minor.astype(cp.int64) - c0
+                order = cp.argsort(row * (c1 - c0) + col)
+                indices.append(col[order].astype(cp.int32))
+                values.append(val[order])
+                counts[a - r0 : z - r0] += cp.bincount(row, minlength=z - a)
+            indptr = cp.zeros(r1 - r0 + 1, cp.int64)
+            cp.cumsum(counts, out=indptr[1:])
+            empty = [cp.zeros(0, cp.int32)], [cp.zeros(0, cp.float32)]
+            return Block(
+                indptr, cp.concatenate(indices or empty[0]), cp.concatenate(values or empty[1]),
+                r0, c0, r1 - r0, c1 - c0,
+            )  # fmt: skip
 
     def block_squared_error(self, block: Block, X: Any, fixed: Any) -> float:
         """One kernel over the block's CSR (kernels/error.cu), float64 sums."""

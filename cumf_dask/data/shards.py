@@ -18,8 +18,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -28,11 +27,11 @@ import numpy as np
 from numcodecs import Blosc, Zstd
 
 from ..errors import StoreError
+from ..threads import Job, run
 
 _MISSING = np.uint64(2**64 - 1)  # a shard index entry of a chunk that was never written
 _DTYPES = {"int32": "<i4", "int64": "<i8", "float32": "<f4", "float64": "<f8"}
 _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
-Job = Callable[[], None]
 
 
 class Unsupported(Exception):
@@ -220,19 +219,6 @@ def read(requests: Sequence[tuple[str, int, int | None]], threads: int = 1) -> l
     return outs
 
 
-def run(jobs: Sequence[Job], threads: int) -> None:
-    """Run the jobs on a shared pool of `threads` threads (here when one, or one job)."""
-    if threads <= 1 or len(jobs) <= 1:
-        for job in jobs:
-            job()
-        return
-    for future in [_pool(threads).submit(job) for job in jobs]:
-        future.result()
 
 
-@lru_cache(maxsize=8)
-def _pool(threads: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cumf-read")
-
-
-__all__ = ["Unsupported", "layout", "read", "run", "supported"]
+__all__ = ["Unsupported", "layout", "read", "supported"]

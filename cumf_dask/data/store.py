@@ -40,7 +40,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
 
-from ..blocks import Block, coo_to_block, take_rows
+from ..blocks import Block, block_on_host, coo_to_block, take_rows
 from ..errors import StoreError
 from ..paths import is_url, normalize_url
 from . import shards
@@ -364,9 +364,9 @@ class RatingsStore:
     ) -> Block:
         """The block of R (or R^T for "col") with the given row and column ranges, as CSR,
         read and assembled on `threads` threads (see :mod:`.assemble`)."""
-        from .assemble import read_block
+        from .assemble import read_bands
 
-        return read_block(self, orient, rows, cols, split, threads)
+        return block_on_host(read_bands(self, orient, rows, cols, split, threads), threads)
 
     def rows_block(self, rows: np.ndarray) -> Block:
         """The training ratings of arbitrary rows (in the given order) over all columns.

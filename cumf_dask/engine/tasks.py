@@ -12,6 +12,7 @@ import numpy as np
 
 from ..backend import get_backend
 from ..blocks import Block
+from ..data.assemble import read_bands
 from ..data.store import Orientation, RatingsStore, Split
 from ..errors import out_of_memory_as
 from ..factors import init_factor
@@ -33,9 +34,9 @@ def load_block(
     threads: int = 1,
 ) -> Block:
     """R^(ij) from the store (its training or held-out ratings), read on `threads` threads,
-    moved to the worker's device."""
-    block = store.read_block(orient, rows, cols, split, threads)
-    return get_backend(backend).block_to_device(block)
+    made CSR where the backend computes (the GPU builds it on the device)."""
+    bands = read_bands(store, orient, rows, cols, split, threads)
+    return get_backend(backend).block_from_bands(bands, threads)
 
 
 def prepare(f: int, backend: str) -> None:

@@ -1,0 +1,26 @@
+"""One shared thread pool per size, for work that releases the GIL (decoding, crc32c,
+sorting, copying): reading and assembling blocks uses it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+
+Job = Callable[[], None]
+
+
+def run(jobs: Sequence[Job], threads: int) -> None:
+    """Run the jobs on a shared pool of `threads` threads (here when one, or one job);
+    the first job's exception is raised after all have run."""
+    if threads <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            job()
+        return
+    for future in [_pool(threads).submit(job) for job in jobs]:
+        future.result()
+
+
+@lru_cache(maxsize=8)
+def _pool(threads: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cumf-io")
