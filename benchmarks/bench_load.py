@@ -2,13 +2,14 @@
 
     python3 benchmarks/bench_load.py --preset netflix --nnz 99000000 [--gpu]
 
-Times ``RatingsStore.read_block`` of the whole matrix in each orientation (what a p = 1,
-q = 1 plan loads), median of --repeats, with the page cache warm and then cold (the store's
-files evicted with posix_fadvise), beside the disk's own sequential rate (``dd`` of a fresh
-1 GiB file, evicted first). Rates are stored bytes (the band files on disk) and raw bytes
-(12 per rating) per second. With --gpu also the copy of the block into GPU memory (pageable
-and pinned), and the first ``update`` with an empty CuPy kernel cache (compiling) and with
-a warm one (what a second run on the same machine sees).
+Times reading the whole matrix in each orientation (what a p = 1, q = 1 plan loads) as
+``RatingsStore.read_block`` does (decode + CSR on the host), median of --repeats, with the
+page cache warm and then cold (the store's files evicted with posix_fadvise), beside the
+disk's own sequential rate (``dd`` of a fresh 1 GiB file, evicted first). Rates are stored
+bytes (the band files on disk) and raw bytes (12 per rating) per second. With --gpu also
+what a GPU worker does (decode on the host, CSR built on the GPU: ``store -> GPU s``), the
+copy of a host-built block into GPU memory (pageable and pinned), and the first ``update``
+with an empty CuPy kernel cache (compiling) and with a warm one (a second run's case).
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def main() -> None:
 
         be = get_backend("cupy")
     print(f"{'orient':<7}{'cache':<6}{'seconds':>9}{'stored GB/s':>12}{'raw GB/s':>10}"
-          f"{'M ratings/s':>12}{'to GPU s':>9}{'pinned s':>9}")  # fmt: skip
+          f"{'M ratings/s':>12}{'store -> GPU s':>15}{'GB/s stored':>12}{'copy s':>8}"
+          f"{'pinned s':>9}")  # fmt: skip
     for orient, group in (("row", "by_row"), ("col", "by_col")):
         stored = stored_bytes(store, group)
         shape = store.shape(orient)
@@ -102,10 +104,26 @@ def main() -> None:
             line = f"{orient:<7}{cache:<6}{sec:>9.3f}{rates[0]:>12.2f}{rates[1]:>10.2f}"
             line += f"{rates[2]:>12.0f}"
             if be is not None and cache == "warm":
-                line += "".join(f"{t:>9.3f}" for t in gpu_copy_seconds(be, block))
+                sec_gpu = gpu_load_seconds(be, store, orient, shape, args.threads, args.repeats)
+                line += f"{sec_gpu:>15.3f}{stored / sec_gpu / 1e9:>12.2f}"
+                line += "".join(f"{t:>8.3f} " for t in gpu_copy_seconds(be, block))
             print(line)
     if be is not None:
         compile_seconds(args.factors)
+
+
+def gpu_load_seconds(be, store, orient, shape, threads, repeats) -> float:
+    """Median seconds from the store to a CSR block in GPU memory, as a GPU worker loads."""
+    from cumf_dask.data.assemble import read_bands
+
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        bands = read_bands(store, orient, (0, shape[0]), (0, shape[1]), "train", threads)
+        be.block_from_bands(bands, threads)
+        be.xp.cuda.Device().synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def gpu_copy_seconds(be, block) -> tuple[float, float]:
