@@ -12,6 +12,7 @@ columns in order).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +107,11 @@ class Bands:
     band_rows: int  # rows per band (t_major)
     n_major: int  # rows of the orientation
     n_minor: int  # columns of the orientation
-    slices: list[BandSlice]
+    count: int  # bands
+    decoded: Callable[[int], BandSlice]  # band i, once decoded (waits for it alone)
+
+    def slice(self, i: int) -> BandSlice:
+        return self.decoded(i)
 
     def rows_of(self, s: BandSlice) -> tuple[int, int]:
         """The block rows [a, z) of a band (global)."""
@@ -123,10 +128,10 @@ class Bands:
 def block_on_host(bands: Bands, threads: int = 1) -> Block:
     """The CSR block of decoded bands, built with NumPy, one band per thread."""
     (r0, r1), (c0, c1) = bands.rows, bands.cols
-    parts: list = [None] * len(bands.slices)
+    parts: list = [None] * bands.count
 
     def cut(i: int) -> None:
-        s = bands.slices[i]
+        s = bands.slice(i)
         major, minor, val = s.major, s.minor, s.val
         a, z = bands.rows_of(s)
         rows_here = min(bands.band_rows, bands.n_major - s.first)

@@ -4,7 +4,7 @@ sorting, copying): reading and assembling blocks uses it."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 
 Job = Callable[[], None]
@@ -19,6 +19,19 @@ def run(jobs: Sequence[Job], threads: int) -> None:
         return
     for future in [_pool(threads).submit(job) for job in jobs]:
         future.result()
+
+
+def start(jobs: Sequence[Job], threads: int) -> list[Future]:
+    """Submit the jobs to the pool and return at once (with one thread: run them now)."""
+    if threads <= 1:
+        done = []
+        for job in jobs:
+            future: Future = Future()
+            job()
+            future.set_result(None)
+            done.append(future)
+        return done
+    return [_pool(threads).submit(job) for job in jobs]
 
 
 @lru_cache(maxsize=8)

@@ -219,6 +219,6 @@ def test_blocks_built_on_the_gpu_equal_the_host_ones(gpu, tmp_path):
             np.testing.assert_array_equal(gpu.to_host(getattr(dev, name)), getattr(host, name))
         shape = ("row0", "col0", "n_rows", "n_cols")
         assert [getattr(dev, a) for a in shape] == [getattr(host, a) for a in shape]
-    bands.slices[0].val[0] = np.nan
+    bands.slice(0).val[0] = np.nan
     with pytest.raises(StoreError, match="damaged store"):
         gpu.block_from_bands(bands)

@@ -263,14 +263,16 @@ class CupyBackend(Backend):
             X[sel] = cupyx.lapack.posv(M.transpose(0, 2, 1), B[sel])
 
     def block_from_bands(self, bands: Bands, threads: int = 1) -> Block:
-        """The CSR block built on the GPU, one band at a time: the band's decoded arrays are
-        copied over (12 bytes a rating, as many as the CSR itself), checked, cut to the
-        block, and ordered by one sort of a (row, column) key."""
+        """The CSR block built on the GPU, one band at a time as each finishes decoding (the
+        host decodes the later bands meanwhile): the band's arrays are copied over (12 bytes
+        a rating, as many as the CSR itself), checked, cut to the block, and ordered by one
+        sort of a (row, column) key (int32 when it fits)."""
         (r0, r1), (c0, c1) = bands.rows, bands.cols
         counts = cp.zeros(r1 - r0, cp.int64)
         indices, values = [], []
         with out_of_memory_as(f"building a block of {r1 - r0:,} rows", _SMALLER):
-            for s in bands.slices:
+            for i in range(bands.count):
+                s = bands.slice(i)
                 if not s.val.size:
                     continue
                 a, z = bands.rows_of(s)
@@ -286,8 +288,9 @@ class CupyBackend(Backend):
                 keep = (row >= 0) & (row < z - a) & (minor >= c0) & (minor < c1)
                 if not bool(keep.all()):
                     row, minor, val = row[keep], minor[keep], val[keep]
-                col = minor.astype(cp.int64) - c0
-                order = cp.argsort(row * (c1 - c0) + col)
+                key = cp.int32 if (z - a) * (c1 - c0) < 2**31 else cp.int64
+                col = minor.astype(key) - c0
+                order = cp.argsort(row.astype(key) * (c1 - c0) + col)
                 indices.append(col[order].astype(cp.int32))
                 values.append(val[order])
                 counts[a - r0 : z - r0] += cp.bincount(row, minlength=z - a)

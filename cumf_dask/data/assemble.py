@@ -30,7 +30,9 @@ def read_bands(
     split: Split = "train",
     threads: int = 1,
 ) -> Bands:
-    """Decode every band range the block overlaps, on `threads` threads (not yet checked)."""
+    """Start decoding every band range the block overlaps on `threads` threads, in band
+    order, and return at once: ``Bands.slice(i)`` waits for band i only, so a consumer can
+    work on the first bands while the later ones decode. Values are not checked yet."""
     from .store import band_group
 
     (r0, r1), (c0, c1) = rows, cols
@@ -47,8 +49,10 @@ def read_bands(
             raise StoreError(f"{store.url}: damaged store: '{group}/{b}/ptr' is not a tile pointer")
         lo, hi = int(ptr[t0]), int(ptr[t1])
         requests += [(f"{group}/{b}/{name}", lo, hi) for name in ("major", "minor", "val")]
-    arrays = store.read(requests, threads)
-    slices = [
-        BandSlice(b, b * t_major, *arrays[3 * i : 3 * i + 3]) for i, b in enumerate(bands)
-    ]
-    return Bands(f"{store.url}/{group}", rows, cols, t_major, n_major, n_minor, slices)
+    reading = store.start(requests, threads)
+
+    def decoded(i: int) -> BandSlice:
+        b = bands[i]
+        return BandSlice(b, b * t_major, *(reading.get(3 * i + k) for k in range(3)))
+
+    return Bands(f"{store.url}/{group}", rows, cols, t_major, n_major, n_minor, len(bands), decoded)

@@ -19,6 +19,7 @@ import json
 import mmap
 import os
 from collections.abc import Sequence
+from concurrent.futures import Future
 from functools import lru_cache
 from typing import Any
 
@@ -27,7 +28,8 @@ import numpy as np
 from numcodecs import Blosc, Zstd
 
 from ..errors import StoreError
-from ..threads import Job, run
+from ..threads import Job
+from ..threads import start as submit
 
 _MISSING = np.uint64(2**64 - 1)  # a shard index entry of a chunk that was never written
 _DTYPES = {"int32": "<i4", "int64": "<i8", "float32": "<f4", "float64": "<f8"}
@@ -203,22 +205,40 @@ def supported(path: str) -> bool:
     return True
 
 
-def read(requests: Sequence[tuple[str, int, int | None]], threads: int = 1) -> list[np.ndarray]:
-    """Entries [lo, hi) of each local array (path, lo, hi; hi None: to the end), decoded on
-    up to `threads` threads together."""
-    outs, jobs = [], []
+class Reading:
+    """Arrays being decoded on the pool: :meth:`get` waits for one array's chunks only."""
+
+    def __init__(self, outs: list[np.ndarray], pending: list[list[Future]]):
+        self._outs, self._pending = outs, pending
+
+    def __len__(self) -> int:
+        return len(self._outs)
+
+    def get(self, k: int) -> np.ndarray:
+        for future in self._pending[k]:
+            future.result()  # raises a decoding job's StoreError here
+        return self._outs[k]
+
+
+def start(requests: Sequence[tuple[str, int, int | None]], threads: int = 1) -> Reading:
+    """Begin decoding entries [lo, hi) of each local array (path, lo, hi; hi None: to the
+    end) on up to `threads` threads, in request order; returns at once."""
+    outs, pending = [], []
     for path, lo, hi in requests:
         lay = layout(path)
         stop = lay.size if hi is None else hi
         if not 0 <= lo <= stop <= lay.size:
             raise _damaged(path, f"entries [{lo}, {stop}) asked of an array of {lay.size}")
         out = np.empty(stop - lo, lay.dtype)
-        jobs += lay.jobs(out, lo, stop)
+        pending.append(submit(lay.jobs(out, lo, stop), threads))
         outs.append(out)
-    run(jobs, threads)
-    return outs
+    return Reading(outs, pending)
 
 
+def read(requests: Sequence[tuple[str, int, int | None]], threads: int = 1) -> list[np.ndarray]:
+    """Entries [lo, hi) of each local array, decoded on up to `threads` threads together."""
+    reading = start(requests, threads)
+    return [reading.get(k) for k in range(len(reading))]
 
 
-__all__ = ["Unsupported", "layout", "read", "supported"]
+__all__ = ["Reading", "Unsupported", "layout", "read", "start", "supported"]

@@ -171,15 +171,21 @@ class RatingsStore:
     def read(
         self, arrays: list[tuple[str, int, int | None]], threads: int = 1
     ) -> list[np.ndarray]:
-        """Entries [lo, hi) (hi None: all) of arrays given by their paths in the store.
+        """Entries [lo, hi) (hi None: all) of arrays given by their paths in the store."""
+        reading = self.start(arrays, threads)
+        return [reading.get(k) for k in range(len(reading))]
+
+    def start(self, arrays: list[tuple[str, int, int | None]], threads: int = 1) -> Any:
+        """Begin reading arrays (as :meth:`read`); ``.get(k)`` waits for array k only.
 
         A local store is read by :mod:`.shards` on `threads` threads (a missing or damaged
-        chunk is a StoreError); a remote one through zarr (the callers validate the values).
+        chunk is a StoreError); a remote one through zarr, at once (the callers validate the
+        values: a missing chunk reads as an impossible fill value).
         """
         if not is_url(self.url):
             try:
-                return shards.read([(os.path.join(self.url, p), lo, hi) for p, lo, hi in arrays],
-                                   threads)  # fmt: skip
+                return shards.start([(os.path.join(self.url, p), lo, hi) for p, lo, hi in arrays],
+                                    threads)  # fmt: skip
             except shards.Unsupported:
                 pass
         group, out = self._group, []
@@ -188,7 +194,7 @@ class RatingsStore:
                 out.append(np.asarray(group[path][lo:hi]))
             except KeyError:
                 raise StoreError(f"{self.url}: damaged store: '{path}' is missing") from None
-        return out
+        return shards.Reading(out, [[] for _ in out])
 
     # ------------------------------------------------------------------ metadata
     @property
