@@ -126,6 +126,15 @@ def recommend_batch(
     return be.to_host(idx), be.to_host(score)
 
 
+def count_nonfinite(piece: Any, backend: str) -> tuple[int, int]:
+    """(number of non-finite values, first row holding one) of a factor piece; (0, -1) if
+    all are finite."""
+    xp = get_backend(backend).xp
+    bad_rows = ~xp.isfinite(piece).all(axis=1)
+    count = int(bad_rows.sum())
+    return (int((~xp.isfinite(piece)).sum()), int(xp.argmax(bad_rows))) if count else (0, -1)
+
+
 def filler(nbytes: int, backend: str) -> Any:
     """An array of `nbytes` in the backend's memory (for timing transfers)."""
     return get_backend(backend).xp.ones(max(1, nbytes // 4), dtype=np.float32)
