@@ -45,6 +45,11 @@ class Backend(ABC):
     def prepare(self, f: int) -> None:  # noqa: B027 - a hook: only the GPU has work to do
         """Get ready to compute with f factors (the GPU compiles its kernels); no-op here."""
 
+    def memory_capacity(self) -> int | None:
+        """Bytes this process may allocate on its device; None where the worker's memory
+        limit says it (the CPU)."""
+        return None
+
     def prepare_fixed(self, fixed: Any) -> Any:
         """The fixed factor at this backend's storage precision (see module doc)."""
         if self.precision == "float32":

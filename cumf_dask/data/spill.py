@@ -110,8 +110,8 @@ class StoreBuilder:
         if bad.any():
             k = int(np.argmax(bad))
             raise IngestError(
-                f"rating at record {int(seq[k])} is {val[k]}: ratings must be finite numbers "
-                f"within +-{MAX_RATING:.0e} (float32 training would overflow beyond)"
+                f"rating at record {int(seq[k])} is {float(val[k]):g}: ratings must be finite "
+                f"numbers within +-{MAX_RATING:.0e} (float32 training would overflow beyond)"
             )
         for name, idx, limit in (("row", row, self.m), ("column", col, self.n)):
             lo, hi = int(idx.min()), int(idx.max())

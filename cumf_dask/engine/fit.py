@@ -46,6 +46,7 @@ from ..errors import (
     StoreError,
     WorkerLostError,
 )
+from . import tasks
 from .cluster import (
     CumfWorkerSetup,
     has_compute_slots,
@@ -330,7 +331,8 @@ def _out_of_memory(
     """
     fraction = _dask_fraction("pause", 0.8)
     if isinstance(exc, DeviceMemoryError):  # a GPU (or CPU) allocation failed in a task
-        what, room, used = str(exc), memory, memory
+        what, room = str(exc), _device_capacity(engine) or memory
+        used = room
     elif isinstance(exc, WorkersPaused):
         what = f"worker {exc.worker} ran out of memory ({exc.detail})"
         room = int(fraction * memory) - baseline
@@ -346,6 +348,16 @@ def _out_of_memory(
     factor = max(used / max(estimate, 1), 1.0)
     budget = int(room / factor / 2) if room > 0 else 0
     return DeviceMemoryError(f"{what}; {suggest_plan(engine, memory, budget, plan_config)}")
+
+
+def _device_capacity(engine: SUALSEngine) -> int | None:
+    """The smallest device capacity of the workers (a GPU pool's limit, else its memory)."""
+    try:
+        found = engine.client.run(tasks.memory_capacity, engine.backend.partition("+")[0])
+        sizes = [int(v) for v in found.values() if v]
+    except Exception:
+        return None
+    return min(sizes) if sizes else None
 
 
 def _dask_fraction(name: str, default: float) -> float:

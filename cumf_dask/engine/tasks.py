@@ -135,6 +135,11 @@ def count_nonfinite(piece: Any, backend: str) -> tuple[int, int]:
     return (int((~xp.isfinite(piece)).sum()), int(xp.argmax(bad_rows))) if count else (0, -1)
 
 
+def memory_capacity(backend: str) -> int | None:
+    """What the worker's device may allocate (None on the CPU: its memory limit says it)."""
+    return get_backend(backend).memory_capacity()
+
+
 def filler(nbytes: int, backend: str) -> Any:
     """An array of `nbytes` in the backend's memory (for timing transfers)."""
     return get_backend(backend).xp.ones(max(1, nbytes // 4), dtype=np.float32)

@@ -54,6 +54,7 @@ class Watch:
         self.workers = list(workers)
         self._paused_since: dict[str, float] = {}
         self._memory: dict[str, tuple[int, int]] = {}  # last (process memory, limit) seen
+        self._since = time.time() - 1.0  # events older than this watch are not its concern
 
     # ------------------------------------------------------------------ waiting
     def wait(
@@ -120,12 +121,41 @@ class Watch:
                 )
 
     def _memory_evidence(self, lost: list[str]) -> str | None:
-        """Why `lost` died, if memory did it: their nannies' log lines, or the last memory use
-        seen (within 10% of the limit)."""
+        """Why `lost` (or, if empty, any worker) died, if memory did it: the nanny's
+        "worker-restart-memory" event (it may arrive just after the loss: looked for twice),
+        else its log line, else the last memory use seen (within 10% of the limit)."""
+        for attempt in range(2):
+            found = self._restarted_for_memory(lost)
+            if found is not None:
+                return found
+            if attempt == 0:
+                time.sleep(0.5)
+        for w in lost:
+            memory, limit = self._memory.get(w, (0, 0))
+            if limit and memory >= 0.9 * limit:
+                return (
+                    f"it last used {memory / 1e6:.0f} MB of its {limit / 1e6:.0f} MB memory limit"
+                )
+        return None
+
+    def _restarted_for_memory(self, lost: list[str]) -> str | None:
+        client = self.client
         try:
-            logs = self.client.sync(
-                self.client.scheduler.worker_logs, nanny=True, callback_timeout=10
-            )
+            events = client.sync(client.scheduler.events, topic="worker-restart-memory",
+                                 callback_timeout=10)  # fmt: skip
+        except Exception:
+            events = ()
+        for stamp, event in events or ():
+            if stamp >= self._since and (not lost or event.get("worker") in lost):
+                return (
+                    f"its nanny restarted it when its process used "
+                    f"{int(event.get('rss', 0)) / 1e6:.0f} MB, past the memory limit's "
+                    "terminate threshold"
+                )
+        if not lost:
+            return None
+        try:
+            logs = client.sync(client.scheduler.worker_logs, nanny=True, callback_timeout=10)
         except Exception:
             logs = {}
         pattern = re.compile(r"Worker (\S+) .*exceeded .*memory budget")
@@ -133,12 +163,6 @@ class Watch:
             for entry in lines:
                 text = entry[1] if isinstance(entry, (list, tuple)) else str(entry)
                 found = pattern.search(text)
-                if found and (not lost or found.group(1) in lost):
+                if found and found.group(1) in lost:
                     return f"its nanny restarted it: {text[found.start():].strip()}"
-        for w in lost:
-            memory, limit = self._memory.get(w, (0, 0))
-            if limit and memory >= 0.9 * limit:
-                return (
-                    f"it last used {memory / 1e6:.0f} MB of its {limit / 1e6:.0f} MB memory limit"
-                )
         return None

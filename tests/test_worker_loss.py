@@ -1,0 +1,212 @@
+"""Worker loss and memory limits on real worker processes (issue 12): a SIGKILLed worker is
+replaced by its nanny under a new address and the fit goes on, giving the same model (with a
+user's client and with the cluster cumf-dask starts itself); a worker restarted or paused for
+memory ends the fit with DeviceMemoryError (CLI exit 4) in bounded time, never a hang.
+
+The cluster of worker processes is shared by the module's tests (starting one takes
+seconds); each test leaves it as it found it. GPU versions at the end (skipped without CUDA).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import psutil
+import pytest
+from conftest import HAS_CUDA, random_ratings, rel_err
+from reference import reference_als
+
+from cumf_dask.config import load_config
+from cumf_dask.data.spill import build_store
+from cumf_dask.engine import watch
+from cumf_dask.engine.cluster import wait_for_workers
+from cumf_dask.errors import CumfWarning, DeviceMemoryError
+from cumf_dask.factors import init_factor
+from cumf_dask.model import ALS
+from cumf_dask.pipeline import train
+
+pytestmark = [pytest.mark.cluster]
+M, N, F, LAM = 80, 50, 4, 0.05
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    rows, cols, vals = random_ratings(M, N, 0.15, seed=8)
+    store = build_store(str(tmp_path_factory.mktemp("loss") / "r.zarr"), rows, cols, vals,
+                        shape=(M, N))  # fmt: skip
+    return store, (rows, cols, vals)
+
+
+def reference(data, iterations):
+    rows, cols, vals = data[1]
+    return reference_als(rows, cols, vals, (M, N), init_factor(N, F, 0), LAM, iterations)
+
+
+@pytest.fixture(scope="module")
+def procs():
+    """A user's client of two worker processes, each under a nanny."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                           dashboard_address=None, memory_limit="1GB")  # fmt: skip
+    client = Client(cluster, set_as_default=False)
+    yield client
+    client.close()
+    cluster.close()
+
+
+def test_killed_worker_is_replaced_and_the_fit_goes_on(procs, data):
+    pids = procs.run(os.getpid)
+    victim = sorted(pids)[0]
+    killed: list[str] = []
+
+    def kill_after_first_iteration(record):
+        if not killed:
+            killed.append(victim)
+            os.kill(pids[victim], signal.SIGKILL)
+
+    started = time.perf_counter()
+    with pytest.warns(CumfWarning, match=rf"worker {victim} was lost during iteration 2; going "
+                      r"on on 2 worker\(s\) from the first iteration"):  # fmt: skip
+        model = ALS(F, LAM, 3, backend="numpy", callbacks=[kill_after_first_iteration]).fit(
+            data[0], client=procs
+        )
+    assert time.perf_counter() - started < 60
+    X, T = reference(data, 3)
+    assert rel_err(model.user_factors_, X) < 1e-4 and rel_err(model.item_factors_, T) < 1e-4
+    assert [r["iteration"] for r in model.metrics_] == [1, 2, 3]
+    assert len(wait_for_workers(procs, 2, 30)) == 2
+
+
+def test_killed_worker_with_the_clis_own_cluster(data, tmp_path, procs):
+    """pipeline.train starts its own LocalCluster (as `cumf-dask train` does); the fit goes
+    on from its last checkpoint."""
+    others = set(procs.run(os.getpid).values())  # the shared cluster's workers: not these
+    config = load_config(data={
+        "data": {"source": "store", "store": data[0].url},
+        "model": {"factors": F, "regularization": LAM, "iterations": 3},
+        "cluster": {"n_workers": 2, "dashboard_address": None},
+        "output": {"dir": str(tmp_path / "runs"), "name": "loss"},
+    })  # fmt: skip
+    killed: list[int] = []
+
+    def kill_a_worker(record):
+        if killed:
+            return
+        workers = [p for p in psutil.Process().children()  # nannies run in this process
+                   if p.pid not in others and "spawn_main" in " ".join(p.cmdline())]  # fmt: skip
+        killed.append(workers[0].pid)
+        workers[0].send_signal(signal.SIGKILL)
+
+    with pytest.warns(CumfWarning, match=r"was lost during iteration 2; going on on 2 worker\(s\) "
+                      "from checkpoint 1"):  # fmt: skip
+        result = train(config, on_iteration=kill_a_worker, log=lambda _: None)
+    assert killed
+    X, T = reference(data, 3)
+    model = result.model
+    assert rel_err(model.user_factors_, X) < 1e-4 and rel_err(model.item_factors_, T) < 1e-4
+    lines = (result.run.path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3  # iteration 2 and 3 once each, after the recovery
+
+
+def test_worker_restarted_for_memory_fails_with_a_plan(procs, data):
+    """What a memory limit too small for the plan does: the nanny restarts the worker past
+    its limit, again and again. DeviceMemoryError (exit 4) in bounded time, not a hang."""
+    victim = sorted(procs.run(os.getpid))[0]
+    # LocalCluster's nannies live in this process: set the victim's nanny limit directly
+    [nanny] = [w for w in procs.cluster.workers.values() if w.worker_address == victim]
+
+    def squeeze(record):  # from now on the victim's nanny restarts it at once, again and again
+        nanny.memory_manager.memory_limit = 10_000_000
+
+    started = time.perf_counter()
+    try:
+        with pytest.raises(DeviceMemoryError, match=rf"^worker {victim} was killed for memory: "
+                           "its nanny restarted it when its process used \\d+ MB, past the "
+                           "memory limit's terminate threshold; "):  # fmt: skip
+            ALS(F, LAM, 3, backend="numpy", callbacks=[squeeze]).fit(data[0], client=procs)
+        assert time.perf_counter() - started < 30
+    finally:
+        nanny.memory_manager.memory_limit = 1_000_000_000
+        assert len(wait_for_workers(procs, 2, 30)) == 2
+
+
+def test_worker_paused_for_memory_fails_with_a_plan(procs, data, monkeypatch):
+    """A worker past Dask's pause threshold runs nothing: DeviceMemoryError, not a hang."""
+    monkeypatch.setattr(watch, "PAUSED_S", 1.0)
+    victim = sorted(procs.run(os.getpid))[1]
+
+    def pause_at(dask_worker, fraction):
+        dask_worker.memory_manager.memory_pause_fraction = fraction
+
+    def squeeze(record):
+        procs.run(pause_at, fraction=0.001, workers=[victim])
+
+    started = time.perf_counter()
+    try:
+        with pytest.raises(DeviceMemoryError, match=rf"^worker {victim} ran out of memory \(its "
+                           r"process uses \d+ MB of its 1000 MB memory limit and it has run "
+                           r"nothing for \d s\); "):  # fmt: skip
+            ALS(F, LAM, 3, backend="numpy", callbacks=[squeeze]).fit(data[0], client=procs)
+        assert time.perf_counter() - started < 20
+    finally:
+        procs.run(pause_at, fraction=0.8)
+    deadline = time.time() + 10
+    while time.time() < deadline and any(
+        w["status"] != "running" for w in procs.scheduler_info(n_workers=-1)["workers"].values()
+    ):
+        time.sleep(0.2)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and cupy")
+def test_gpu_worker_killed_on_a_local_cuda_cluster(data):
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    with LocalCUDACluster(n_workers=1, dashboard_address=None) as cluster, Client(cluster) as c:
+        pids = c.run(os.getpid)
+        killed: list[int] = []
+
+        def kill(record):
+            if not killed:
+                killed.append(1)
+                os.kill(next(iter(pids.values())), signal.SIGKILL)
+
+        with pytest.warns(CumfWarning, match="was lost during iteration 2; going on"):
+            model = ALS(F, LAM, 3, backend="cupy", callbacks=[kill]).fit(data[0], client=c)
+    X, T = reference(data, 3)
+    assert rel_err(model.user_factors_, X) < 1e-3 and rel_err(model.item_factors_, T) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and cupy")
+def test_gpu_out_of_memory_mid_run_gives_a_plan_that_fits(clients, tmp_path):
+    """A GPU allocation failing mid-run: DeviceMemoryError (CLI exit 4) whose suggested
+    memory budget then runs (the pool limit stands in for a smaller GPU)."""
+    import cupy
+
+    from cumf_dask.config import PlanConfig
+
+    rows, cols, vals = random_ratings(20_000, 500, 0.02, seed=3)
+    store = build_store(str(tmp_path / "big.zarr"), rows, cols, vals, shape=(20_000, 500))
+    client = clients(1)
+    pool = cupy.get_default_memory_pool()
+    limit = pool.get_limit()
+    client.run(lambda: cupy.get_default_memory_pool().set_limit(size=48 << 20))
+    try:
+        plan = PlanConfig(memory_budget="8GB", q=1)  # believes the GPU holds everything
+        fits = r"a worker ran out of memory .* a plan that fits [\d.]+MB per worker is .*--set "
+        with pytest.raises(DeviceMemoryError, match=fits + "plan.memory_budget=") as err:
+            ALS(64, 0.05, 2, backend="cupy", plan=plan).fit(store, client=client)
+        budget = str(err.value).split("plan.memory_budget=")[1].split(" ")[0]
+        model = ALS(64, 0.05, 2, backend="cupy", plan=PlanConfig(memory_budget=budget))
+        assert np.isfinite(model.fit(store, client=client).user_factors_).all()
+    finally:
+        client.run(lambda: cupy.get_default_memory_pool().set_limit(size=limit))
