@@ -267,10 +267,10 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
     from .evaluate import ranking_metrics
     from .model import ALS
 
+    _check_k(args.k)
     model = ALS.load(args.model)
     store = RatingsStore.open(args.store)
     _check_shape(model, store, args.store)
-    _check_k(args.k)
     if args.k > model.shape_[1]:
         out.log(f"k={args.k} is more than the {model.shape_[1]:,} items: ranking metrics at "
                 f"k={model.shape_[1]:,}")  # fmt: skip
@@ -291,23 +291,24 @@ def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
     from .data.store import RatingsStore
     from .model import ALS
 
+    _check_k(args.k)
     model = ALS.load(args.model)
     store_url = args.store or model.store_url_
     store = RatingsStore.open(store_url) if store_url else None
     if store is not None:
         _check_shape(model, store, store_url)
     index = _lookup(args.user, model.user_ids_, model.shape_[0])
-    _check_k(args.k)
     n = model.shape_[1]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CumfWarning)  # said below, in the CLI's words
-        top, scores = model.recommend([index], k=min(args.k, n), exclude_seen=store is not None,
-                                      store=store)  # fmt: skip
+    top, scores = model.recommend([index], k=min(args.k, n), exclude_seen=store is not None,
+                                  store=store)  # fmt: skip
     found = top[0] >= 0  # -1: no item left to recommend in that place
-    if not found.all() or args.k > n:
-        seen = " the user has not rated" if store is not None else ""
-        out.log(f"k={args.k}: only {int(found.sum()):,} of the {n:,} items are ones{seen}; "
-                "recommending those")  # fmt: skip
+    if args.k > int(found.sum()):
+        out.log(
+            f"k={args.k}: only {int(found.sum()):,} of the {n:,} items are ones the user has not "
+            "rated; recommending those"
+            if store is not None
+            else f"k={args.k}: the model has only {n:,} items; recommending all of them"
+        )
     top, scores = top[0][found], scores[0][found]
     items = model.item_ids_[top].tolist() if model.item_ids_ is not None else top.tolist()
     result = {"user": args.user, "items": items, "scores": scores.tolist()}

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from os import PathLike
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .callbacks import Log, Progress
@@ -24,7 +25,7 @@ from .engine.cluster import (
 from .engine.plan import Plan, make_plan
 from .errors import IngestError, StoreError
 from .model import ALS
-from .paths import check_writable
+from .paths import check_writable, is_url, normalize_url
 from .records import RunFolder
 
 if TYPE_CHECKING:
@@ -187,10 +188,13 @@ def train(
 
 
 def _check_outputs(config: Config) -> None:
-    """Every location the job writes is writable (StoreError otherwise)."""
+    """Every location the job writes is writable (StoreError otherwise): the run folder, and
+    the store when it is to be built (not a complete one reused where it is)."""
     check_writable(config.output.dir, "the run folder", folder=True)
-    if config.data.source != "store":
-        check_writable(config.data.store, "the rating store")
+    data = config.data
+    built = not is_url(data.store) and (Path(normalize_url(data.store)) / "zarr.json").is_file()
+    if data.source != "store" and (data.overwrite or not built):
+        check_writable(data.store, "the rating store")
 
 
 def _train(

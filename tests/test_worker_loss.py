@@ -1,28 +1,31 @@
 """Worker loss and memory limits on real worker processes (issue 12): a SIGKILLed worker is
-replaced by its nanny under a new address and the fit goes on, giving the same model (with a
-user's client and with the cluster cumf-dask starts itself); a worker restarted or paused for
-memory ends the fit with DeviceMemoryError (CLI exit 4) in bounded time, never a hang.
+replaced by its nanny under a new address and the fit goes on, giving the same model (a
+configured job, as `cumf-dask train` runs it, and ALS.fit given the client); a worker
+restarted or paused for memory ends the fit with DeviceMemoryError (CLI exit 4) in bounded
+time, never a hang.
 
-The cluster of worker processes is shared by the module's tests (starting one takes
-seconds); each test leaves it as it found it. GPU versions at the end (skipped without CUDA).
+The cluster is the one `cumf-dask train` starts (cumf_dask.engine.cluster.make_client: a
+LocalCluster of worker processes under nannies, with the compute resource), shared by the
+module's tests (starting one takes seconds); each test leaves it as it found it. GPU
+versions at the end (skipped without CUDA).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 
 import numpy as np
-import psutil
 import pytest
 from conftest import HAS_CUDA, random_ratings, rel_err
 from reference import reference_als
 
-from cumf_dask.config import load_config
+from cumf_dask.config import ClusterConfig, load_config
 from cumf_dask.data.spill import build_store
 from cumf_dask.engine import watch
-from cumf_dask.engine.cluster import wait_for_workers
+from cumf_dask.engine.cluster import cluster_client, wait_for_workers
 from cumf_dask.errors import CumfWarning, DeviceMemoryError
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
@@ -47,15 +50,11 @@ def reference(data, iterations):
 
 @pytest.fixture(scope="module")
 def procs():
-    """A user's client of two worker processes, each under a nanny."""
-    from distributed import Client, LocalCluster
-
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                           dashboard_address=None, memory_limit="1GB")  # fmt: skip
-    client = Client(cluster, set_as_default=False)
-    yield client
-    client.close()
-    cluster.close()
+    """cumf-dask's own cluster: two worker processes, each under a nanny (in this process)."""
+    config = ClusterConfig(backend="numpy", n_workers=2, memory_limit="1GB",
+                           dashboard_address=None)  # fmt: skip
+    with cluster_client(config) as client:
+        yield client
 
 
 def test_killed_worker_is_replaced_and_the_fit_goes_on(procs, data):
@@ -81,35 +80,30 @@ def test_killed_worker_is_replaced_and_the_fit_goes_on(procs, data):
     assert len(wait_for_workers(procs, 2, 30)) == 2
 
 
-def test_killed_worker_with_the_clis_own_cluster(data, tmp_path, procs):
-    """pipeline.train starts its own LocalCluster (as `cumf-dask train` does); the fit goes
-    on from its last checkpoint."""
-    others = set(procs.run(os.getpid).values())  # the shared cluster's workers: not these
+def test_killed_worker_in_a_configured_job_goes_on_from_its_checkpoint(data, tmp_path, procs):
+    """pipeline.train, as `cumf-dask train` runs it: the fit goes on from checkpoint 1."""
     config = load_config(data={
         "data": {"source": "store", "store": data[0].url},
         "model": {"factors": F, "regularization": LAM, "iterations": 3},
-        "cluster": {"n_workers": 2, "dashboard_address": None},
         "output": {"dir": str(tmp_path / "runs"), "name": "loss"},
     })  # fmt: skip
+    pids = procs.run(os.getpid)
     killed: list[int] = []
 
     def kill_a_worker(record):
-        if killed:
-            return
-        workers = [p for p in psutil.Process().children()  # nannies run in this process
-                   if p.pid not in others and "spawn_main" in " ".join(p.cmdline())]  # fmt: skip
-        killed.append(workers[0].pid)
-        workers[0].send_signal(signal.SIGKILL)
+        if not killed:
+            killed.append(pids[sorted(pids)[1]])
+            os.kill(killed[0], signal.SIGKILL)
 
     with pytest.warns(CumfWarning, match=r"was lost during iteration 2; going on on 2 worker\(s\) "
                       "from checkpoint 1"):  # fmt: skip
-        result = train(config, on_iteration=kill_a_worker, log=lambda _: None)
-    assert killed
+        result = train(config, client=procs, on_iteration=kill_a_worker, log=lambda _: None)
     X, T = reference(data, 3)
     model = result.model
     assert rel_err(model.user_factors_, X) < 1e-4 and rel_err(model.item_factors_, T) < 1e-4
     lines = (result.run.path / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 3  # iteration 2 and 3 once each, after the recovery
+    assert [json.loads(line)["iteration"] for line in lines] == [1, 2, 3]
+    assert len(wait_for_workers(procs, 2, 30)) == 2
 
 
 def test_worker_restarted_for_memory_fails_with_a_plan(procs, data):

@@ -195,9 +195,9 @@ def measure_link(
 ):
     """Bytes/s from the first worker to the second, timed on real transfers of `nbytes` in
     the backend's arrays (device memory on GPU workers), minus a tiny transfer's time; inf
-    when the transfer costs nothing measurable (in-process workers), None for one worker, or
-    when a worker is lost meanwhile (`watch`, a :class:`~.watch.Watch`, raises WorkerLost).
-    The caller keeps `nbytes` small next to the workers' memory."""
+    when the transfer costs nothing measurable (in-process workers), None for one worker.
+    With `watch` (a :class:`~.watch.Watch`) a lost or memory-paused worker raises instead of
+    hanging. The caller keeps `nbytes` small next to the workers' memory."""
     if len(workers) < 2:
         return None
     source, sink = workers[:2]
