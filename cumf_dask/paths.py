@@ -41,7 +41,7 @@ def check_writable(path: str | PathLike[str], what: str, *, folder: bool = False
     text = normalize_url(path)
     if is_url(text):
         return
-    target = Path(text).absolute()
+    target = Path(text)
     if folder and target.exists() and not target.is_dir():
         raise StoreError(f"cannot write {what} in {text}: it is a file, not a folder; "
                          "choose another path")  # fmt: skip

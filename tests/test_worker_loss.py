@@ -183,24 +183,29 @@ def test_gpu_worker_killed_on_a_local_cuda_cluster(data):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and cupy")
 def test_gpu_out_of_memory_mid_run_gives_a_plan_that_fits(clients, tmp_path):
     """A GPU allocation failing mid-run: DeviceMemoryError (CLI exit 4) whose suggested
-    memory budget then runs (the pool limit stands in for a smaller GPU)."""
+    memory budget then runs. A 48 MB limit on CuPy's pool stands in for a small GPU; the
+    forced plan (one batch, f = 128: X and B alone take 51 MB) believes it has 8 GB."""
+    import gc
+
     import cupy
 
     from cumf_dask.config import PlanConfig
 
-    rows, cols, vals = random_ratings(20_000, 500, 0.02, seed=3)
-    store = build_store(str(tmp_path / "big.zarr"), rows, cols, vals, shape=(20_000, 500))
-    client = clients(1)
-    pool = cupy.get_default_memory_pool()
-    limit = pool.get_limit()
-    client.run(lambda: cupy.get_default_memory_pool().set_limit(size=48 << 20))
+    rows, cols, vals = random_ratings(50_000, 500, 0.02, seed=3)
+    store = build_store(str(tmp_path / "big.zarr"), rows, cols, vals, shape=(50_000, 500))
+    client = clients(1)  # in-process: the worker's pool is this process's
+    limit = cupy.get_default_memory_pool().get_limit()
+    cupy.get_default_memory_pool().set_limit(size=48 << 20)
     try:
-        plan = PlanConfig(memory_budget="8GB", q=1)  # believes the GPU holds everything
         fits = r"a worker ran out of memory .* a plan that fits [\d.]+MB per worker is .*--set "
         with pytest.raises(DeviceMemoryError, match=fits + "plan.memory_budget=") as err:
-            ALS(64, 0.05, 2, backend="cupy", plan=plan).fit(store, client=client)
+            ALS(128, 0.05, 2, backend="cupy", plan=PlanConfig(memory_budget="8GB", q=1)).fit(
+                store, client=client
+            )
         budget = str(err.value).split("plan.memory_budget=")[1].split(" ")[0]
-        model = ALS(64, 0.05, 2, backend="cupy", plan=PlanConfig(memory_budget=budget))
+        del err  # its traceback holds the failed fit's device arrays
+        gc.collect()
+        model = ALS(128, 0.05, 2, backend="cupy", plan=PlanConfig(memory_budget=budget))
         assert np.isfinite(model.fit(store, client=client).user_factors_).all()
     finally:
-        client.run(lambda: cupy.get_default_memory_pool().set_limit(size=limit))
+        cupy.get_default_memory_pool().set_limit(size=limit)
