@@ -68,10 +68,12 @@ def digests(arr: np.ndarray, rows: int = ROW_CHUNK) -> list[int]:
     return [chunk_crc(arr[lo : lo + rows]) for lo in range(0, max(len(arr), 1), rows)]
 
 
-def _store_chunk(block: np.ndarray, target: Any, block_info: Any = None) -> np.ndarray:
-    """Write one chunk of a rechunked Dask array into its Zarr array; return its CRC-32."""
+def _store_chunk(block: np.ndarray, group: str, name: str, block_info: Any = None) -> np.ndarray:
+    """Write one chunk of a rechunked Dask array into array `name` of the Zarr group at
+    `group` (a path: cheap to ship, where a Zarr array object is slow for Dask to traverse);
+    return the chunk's CRC-32."""
     lo = block_info[0]["array-location"][0][0]
-    target[lo : lo + len(block)] = block
+    zarr.open_array(store=group, path=name, mode="r+")[lo : lo + len(block)] = block
     return np.array([chunk_crc(block)], dtype=np.int64)
 
 
@@ -106,7 +108,7 @@ def write_factors(
         tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
         try:
             group = zarr.open_group(str(tmp), mode="w")
-            sums = _write_arrays(group, arrays, compute)
+            sums = _write_arrays(group, str(tmp), arrays, compute)
             group.attrs.update({**attrs, "digests": sums, "digest": DIGEST,
                                 "chunk_rows": ROW_CHUNK, "complete": True})  # fmt: skip
             _move_into_place(tmp, path)
@@ -144,7 +146,7 @@ def _remove_leftovers(path: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_arrays(group: Any, arrays: dict[str, Any], compute: Compute | None) -> dict:
+def _write_arrays(group: Any, where: str, arrays: dict[str, Any], compute: Compute | None) -> dict:
     sums: dict[str, list[int]] = {}
     pending: list[tuple[str, Any]] = []
     for name, arr in arrays.items():
@@ -156,8 +158,8 @@ def _write_arrays(group: Any, arrays: dict[str, Any], compute: Compute | None) -
         if isinstance(arr, da.Array):
             blocks = arr.rechunk(chunks)
             pending.append((name, blocks.map_blocks(
-                _store_chunk, target, dtype=np.int64, drop_axis=list(range(1, arr.ndim)),
-                chunks=((1,) * blocks.numblocks[0],),
+                _store_chunk, where, name, dtype=np.int64, drop_axis=list(range(1, arr.ndim)),
+                chunks=((1,) * blocks.numblocks[0],), name=f"store-{name}-{uuid.uuid4().hex}",
             )))  # fmt: skip
         else:
             target[...] = arr.astype(object) if dtype is str else arr

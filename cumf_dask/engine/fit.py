@@ -1,14 +1,16 @@
 """The ALS loop on a cluster: plan, start (fresh or from a checkpoint), iterate, checkpoint.
 
 Each iteration runs update X (Theta fixed) then update Theta (X fixed) as SU-ALS half-steps
-(:mod:`.halfstep`), times both, checks that both factors are finite (one small task per
-factor piece, where it lives), scores train (and held-out) RMSE where the blocks live, writes
-an atomic checkpoint, and calls the callbacks with the iteration's record.
+(:mod:`.halfstep`), times both (the task that solves a factor piece checks that it is
+finite, on its worker: no extra task or round trip), scores train (and held-out) RMSE where
+the blocks live, writes an atomic checkpoint, and calls the callbacks with the iteration's
+record.
 
 What can go wrong, and what happens:
 
-* non-finite factors: :class:`~cumf_dask.errors.NumericalError` naming the iteration and the
-  factor, before that iteration's checkpoint is written (the last good one stays);
+* non-finite factors: :class:`~cumf_dask.errors.NumericalError` naming the iteration, the
+  factor and a likely cause, before that iteration is scored or checkpointed (the last good
+  checkpoint stays);
 * a worker lost (killed, or its machine gone): the fit waits up to REPLACE_S for the nanny's
   replacement, re-places the blocks and factor pieces on the workers present, and goes on
   from its last checkpoint (or from the start without checkpoints): the result is the one of
@@ -45,6 +47,7 @@ from ..errors import (
     PlanError,
     StoreError,
     WorkerLostError,
+    is_out_of_memory,
 )
 from . import tasks
 from .cluster import (
@@ -148,8 +151,17 @@ def fit(
         run = _Run(engine, store, params, checkpointer, evaluate, callbacks, progress)
         try:
             return run.until_done(resume)
-        except (WorkersPaused, DeviceMemoryError, WorkerLost) as exc:
+        except (WorkersPaused, WorkerLost) as exc:  # WorkerLost escapes only for memory
             raise _out_of_memory(exc, engine, memory, baseline, plan_config) from None
+        except Exception as exc:  # an allocation failed in a task (a GPU's, or the CPU's)
+            if not is_out_of_memory(exc):
+                raise
+            oom = (
+                exc
+                if isinstance(exc, DeviceMemoryError)
+                else DeviceMemoryError(f"a worker ran out of memory ({type(exc).__name__}: {exc})")
+            )
+            raise _out_of_memory(oom, engine, memory, baseline, plan_config) from None
 
 
 def _link(client: Client, workers: list[str], backend: str, memory: int):
@@ -229,9 +241,7 @@ class _Run:
         engine = self.engine
         where = f" ({lost.what})" if lost.what else ""
         gone = ", ".join(lost.lost) or "a worker"
-        back = (
-            f"checkpoint {state.restore}" if state.restore is not None else "the first iteration"
-        )
+        back = f"checkpoint {state.restore}" if state.restore is not None else "the first iteration"
         if losses > MAX_RECOVERIES:
             raise WorkerLostError(
                 f"workers were lost {losses} times during this fit (last: {gone}{where}); "
@@ -261,16 +271,15 @@ class _Run:
     # ------------------------------------------------------------------ the loop
     def _iterate(self, state: _State) -> None:
         """Run the iterations left, updating `state` after each one (for a recovery)."""
-        engine, store, params, progress = self.engine, self.store, self.params, self.progress
+        engine, store, params = self.engine, self.store, self.params
         for it in range(state.done + 1, params.iterations + 1):
             t0 = time.perf_counter()
-            X = engine.half_step("x", state.theta, it, progress)
+            X = self._half_step("x", state.theta, it, state)
             state.theta.placed.clear()  # its copies on the workers are no longer needed
             t1 = time.perf_counter()
-            theta = engine.half_step("theta", X, it, progress)
+            theta = self._half_step("theta", X, it, state)
             X.placed.clear()
             t2 = time.perf_counter()
-            self._check_finite(X, theta, it)
             record: dict[str, Any] = {
                 "iteration": it,
                 "seconds": t2 - t0,
@@ -293,13 +302,13 @@ class _Run:
             for callback in self.callbacks:
                 callback(record)
 
-    def _check_finite(self, X: Factor, theta: Factor, it: int) -> None:
-        """NumericalError if X or Theta holds NaN or inf after iteration `it`."""
-        for factor, name, side in ((X, "X", "users"), (theta, "Theta", "items")):
-            found = self.engine.nonfinite(factor, name, it)
-            if found is None:
-                continue
-            count, row = found
+    def _half_step(self, side: str, fixed: Factor, it: int, state: _State) -> Factor:
+        """A half-step; NumericalError if the task that solved a piece found NaN or inf in it
+        (checked there, before anything is scored or checkpointed)."""
+        try:
+            return self.engine.half_step(side, fixed, it, self.progress)
+        except tasks.NonFiniteFactor as exc:
+            name, rows = ("X", "users") if side == "x" else ("Theta", "items")
             stats = self.store.stats
             top = max(abs(stats.get("min", 0.0)), abs(stats.get("max", 0.0)))
             cause = (
@@ -310,14 +319,15 @@ class _Run:
                 "input for extreme ratings"
             )
             kept = (
-                f"; the last good checkpoint (iteration {it - 1}) is kept"
-                if self.checkpointer is not None and it > 1
+                f"; the last good checkpoint (iteration {state.restore}) is kept"
+                if self.checkpointer is not None and state.restore is not None
                 else ""
             )
             raise NumericalError(
-                f"iteration {it}: factor {name} has {count:,} non-finite values (NaN or inf; "
-                f"first in row {row} of the {side}); {cause}{kept}"
-            )
+                f"iteration {it}: factor {name} became non-finite in update {name} (NaN or inf: "
+                f"{exc.count:,} values in one batch, the first in row {exc.row} of the {rows}); "
+                f"{cause}{kept}"
+            ) from None
 
 
 def _out_of_memory(

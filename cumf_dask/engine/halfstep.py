@@ -179,21 +179,6 @@ class SUALSEngine:
         self.watch.wait([f for _, _, f in pieces], on_done=report)
         return Factor(h.n_rows, h.f, pieces)
 
-    def nonfinite(self, factor: Factor, name: str, it: int) -> tuple[int, int] | None:
-        """(count, first row) of the non-finite values of a factor, or None if all are finite:
-        one small task per piece, where the piece is."""
-        submit, be = self.client.submit, self.backend
-        futures = [
-            submit(tasks.count_nonfinite, fut, be, pure=False,
-                   key=f"check-{name}-rows{lo}-{hi}-it{it}-{self.run}")
-            for lo, hi, fut in factor.pieces
-        ]  # fmt: skip
-        found = self.watch.gather(futures)
-        pieces = zip(factor.pieces, found, strict=True)
-        bad = [(lo + first, count) for (lo, _, _), (count, first) in pieces if count]
-        if not bad:
-            return None
-        return sum(c for _, c in bad), min(row for row, _ in bad)
 
     def _model_parallel(self, h: HalfStepPlan, fixed: Factor, it: int) -> list[Piece]:
         pieces: list[Piece] = []
@@ -240,7 +225,7 @@ class SUALSEngine:
                 )  # fmt: skip
                 fut = self.submit(
                     tasks.reduce_solve, self.counts(h, lo + a, lo + b, target), self.lam,
-                    h.f, self.backend, *inputs, key=f"reduce-solve-{tag}", worker=target,
+                    h.f, self.backend, lo + a, *inputs, key=f"reduce-solve-{tag}", worker=target,
                 )  # fmt: skip
                 pieces.append((lo + a, lo + b, fut))
         return pieces

@@ -164,5 +164,5 @@ class Watch:
                 text = entry[1] if isinstance(entry, (list, tuple)) else str(entry)
                 found = pattern.search(text)
                 if found and found.group(1) in lost:
-                    return f"its nanny restarted it: {text[found.start():].strip()}"
+                    return f"its nanny restarted it: {text[found.start() :].strip()}"
         return None
