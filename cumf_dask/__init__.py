@@ -8,11 +8,14 @@ from .engine.plan import Plan, make_plan
 from .errors import (
     ConfigError,
     CumfError,
+    CumfWarning,
     DeviceMemoryError,
     IngestError,
     NotFittedError,
+    NumericalError,
     PlanError,
     StoreError,
+    WorkerLostError,
 )
 from .model import ALS
 
@@ -23,13 +26,16 @@ __all__ = [
     "Config",
     "ConfigError",
     "CumfError",
+    "CumfWarning",
     "DeviceMemoryError",
     "IngestError",
     "NotFittedError",
+    "NumericalError",
     "Plan",
     "PlanError",
     "RatingsStore",
     "StoreError",
+    "WorkerLostError",
     "load_config",
     "make_plan",
 ]

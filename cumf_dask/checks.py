@@ -56,3 +56,21 @@ def check_choice(name: str, value: Any, allowed: Iterable[Any]) -> None:
         raise ConfigError(
             f"'{name}' must be one of {', '.join(map(repr, allowed))}, got {value!r}"
         )
+
+
+# The largest rating magnitude accepted without a declared scale. Training works in float32
+# (max 3.4e38): a rating r enters squares (r^2 in the error, x.theta ~ r in A and B, summed
+# over up to ~1e12 ratings), so |r| <= 1e9 keeps every sum below ~1e30, far from overflow;
+# 1e30 would overflow at once. No real rating scale comes near 1e9.
+MAX_RATING = 1e9
+
+
+def check_scale(
+    low: Any, high: Any, names: tuple[str, str] = ("rating_min", "rating_max")
+) -> None:
+    """A declared rating scale: numbers (or None) within +-MAX_RATING, low < high."""
+    for name, value in zip(names, (low, high), strict=True):
+        if value is not None:
+            check_number(name, value, -MAX_RATING, high=MAX_RATING)
+    if low is not None and high is not None and not low < high:
+        raise ConfigError(f"'{names[0]}' ({low}) must be below '{names[1]}' ({high})")

@@ -27,9 +27,27 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .config import Config, GenerateConfig, load_config
-from .errors import ConfigError, CumfError, DeviceMemoryError, IngestError, PlanError, StoreError
+from .errors import (
+    ConfigError,
+    CumfError,
+    CumfWarning,
+    DeviceMemoryError,
+    IngestError,
+    NotFittedError,
+    NumericalError,
+    PlanError,
+    StoreError,
+)
 
-EXIT = {ConfigError: 2, StoreError: 3, IngestError: 3, PlanError: 4, DeviceMemoryError: 4}
+EXIT = {
+    ConfigError: 2,
+    NotFittedError: 2,
+    StoreError: 3,
+    IngestError: 3,
+    NumericalError: 3,
+    PlanError: 4,
+    DeviceMemoryError: 4,
+}
 
 
 class Output:
@@ -114,6 +132,7 @@ def cmd_ingest(args: argparse.Namespace, out: Output) -> None:
         store = ingest_file(
             args.file, args.output, args.format, delimiter=args.delimiter, header=args.header,
             columns=columns, duplicates=args.duplicates, m=args.m, n=args.n,
+            rating_min=args.rating_min, rating_max=args.rating_max,
             test_fraction=args.test_fraction, split_seed=args.split_seed,
             tile_rows=args.tile_rows, tile_cols=args.tile_cols, overwrite=args.overwrite,
             progress=progress,
@@ -248,9 +267,13 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
     from .evaluate import ranking_metrics
     from .model import ALS
 
+    _check_k(args.k)
     model = ALS.load(args.model)
     store = RatingsStore.open(args.store)
     _check_shape(model, store, args.store)
+    if args.k > model.shape_[1]:
+        out.log(f"k={args.k} is more than the {model.shape_[1]:,} items: ranking metrics at "
+                f"k={model.shape_[1]:,}")  # fmt: skip
     result: dict[str, Any] = {"train_rmse": model.rmse(store, kind="train")}
     if store.has_test:
         result["test_rmse"] = model.rmse(store, kind="test")
@@ -268,21 +291,38 @@ def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
     from .data.store import RatingsStore
     from .model import ALS
 
+    _check_k(args.k)
     model = ALS.load(args.model)
     store_url = args.store or model.store_url_
     store = RatingsStore.open(store_url) if store_url else None
     if store is not None:
         _check_shape(model, store, store_url)
     index = _lookup(args.user, model.user_ids_, model.shape_[0])
-    top, scores = model.recommend([index], k=args.k, exclude_seen=store is not None, store=store)
-    items = model.item_ids_[top[0]].tolist() if model.item_ids_ is not None else top[0].tolist()
-    result = {"user": args.user, "items": items, "scores": scores[0].tolist()}
+    n = model.shape_[1]
+    top, scores = model.recommend([index], k=min(args.k, n), exclude_seen=store is not None,
+                                  store=store)  # fmt: skip
+    found = top[0] >= 0  # -1: no item left to recommend in that place
+    if args.k > int(found.sum()):
+        out.log(
+            f"k={args.k}: only {int(found.sum()):,} of the {n:,} items are ones the user has not "
+            "rated; recommending those"
+            if store is not None
+            else f"k={args.k}: the model has only {n:,} items; recommending all of them"
+        )
+    top, scores = top[0][found], scores[0][found]
+    items = model.item_ids_[top].tolist() if model.item_ids_ is not None else top.tolist()
+    result = {"user": args.user, "items": items, "scores": scores.tolist()}
 
     def human() -> None:
         for rank, (item, score) in enumerate(zip(items, result["scores"], strict=True), 1):
             print(f"{rank:>3}. {item}  {score:.4f}")
 
     out.result(result, human)
+
+
+def _check_k(k: int) -> None:
+    if k < 1:
+        raise ConfigError(f"-k must be at least 1, got {k}")
 
 
 def _check_shape(model: Any, store: Any, url: str) -> None:
@@ -393,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--duplicates", choices=["error", "last", "mean"], default="error")
     i.add_argument("--m", type=int, help="declared rows: ids are indices in [0, m)")
     i.add_argument("--n", type=int, help="declared columns")
+    i.add_argument("--rating-min", type=float, help="declared scale: a rating below is an error")
+    i.add_argument("--rating-max", type=float, help="declared scale: a rating above is an error")
     store_layout(i)
 
     add("info", cmd_info, "describe a store").add_argument("store")
@@ -431,6 +473,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextmanager
+def _warnings_as_log_lines(out: Output) -> Iterator[None]:
+    """cumf-dask's own warnings (a damaged checkpoint skipped, a lost worker replaced,
+    leftovers removed) as one 'warning:' line each on stderr, every time they happen."""
+    shown = warnings.showwarning
+
+    def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, CumfWarning):
+            out.log(f"warning: {message}")
+        else:
+            shown(message, category, *args, **kwargs)
+
+    with warnings.catch_warnings():  # restores showwarning and the filters after
+        if not out.quiet:
+            warnings.simplefilter("always", CumfWarning)
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quiet:  # also the libraries' warnings and Dask's logs, in worker processes too
@@ -439,7 +500,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
     out = Output(args.quiet, args.json)
     try:
-        args.func(args, out)
+        with _warnings_as_log_lines(out):
+            args.func(args, out)
     except CumfError as exc:
         code = next((c for kind, c in EXIT.items() if isinstance(exc, kind)), 1)
         out.error(str(exc), code)

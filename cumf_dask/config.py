@@ -22,7 +22,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
-from .checks import check_fraction, check_number, check_positive_int
+from .checks import check_fraction, check_number, check_positive_int, check_scale
 from .data.duplicates import DuplicatePolicy
 from .errors import ConfigError
 
@@ -63,6 +63,8 @@ class IngestConfig:
     duplicates: DuplicatePolicy = "error"  # what to do with repeated (user, item) pairs
     m: int | None = None  # declared shape: ids must be integers in [0, m) / [0, n)
     n: int | None = None
+    rating_min: float | None = None  # declared scale: a rating outside it is an error
+    rating_max: float | None = None  # (none declared: |rating| <= 1e9)
 
 
 @dataclass
@@ -221,6 +223,12 @@ def _check_ranges(config: Config, source: str) -> None:
 
     The checks are those of the Python API (:mod:`cumf_dask.checks`), named by dotted key.
     """
+    ing = config.data.ingest
+    try:
+        check_scale(ing.rating_min, ing.rating_max,
+                    ("data.ingest.rating_min", "data.ingest.rating_max"))  # fmt: skip
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     for key, check in _RANGES.items():
         value: Any = config
         for part in key.split("."):

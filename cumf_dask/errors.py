@@ -1,8 +1,10 @@
 """The exceptions cumf-dask raises; each message names the problem and the fix.
 
 Every class is exported from the package (``from cumf_dask import StoreError``). The CLI
-maps them to exit codes: ConfigError and NotFittedError 2, StoreError and IngestError 3,
-PlanError and DeviceMemoryError 4.
+maps them to exit codes: ConfigError and NotFittedError 2, StoreError, IngestError and
+NumericalError 3, PlanError and DeviceMemoryError 4, WorkerLostError 1.
+:class:`CumfWarning` is what did not stop a run but must be seen (a damaged checkpoint
+skipped, leftovers removed, a lost worker replaced); the CLI prints it on stderr.
 """
 
 from __future__ import annotations
@@ -37,6 +39,18 @@ class PlanError(CumfError, ValueError):
 
 class DeviceMemoryError(CumfError, MemoryError):
     """A worker (GPU or CPU) ran out of memory; the message says how to plan smaller."""
+
+
+class NumericalError(CumfError, ArithmeticError):
+    """Training produced non-finite factors (NaN or inf); the message names the iteration."""
+
+
+class WorkerLostError(CumfError, RuntimeError):
+    """Workers were lost more often than a fit recovers from; the message says how to resume."""
+
+
+class CumfWarning(UserWarning):
+    """A problem cumf-dask handled on its own and that the user should still know of."""
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

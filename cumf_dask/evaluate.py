@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .checks import check_number
 from .data.store import RatingsStore
 from .errors import StoreError
 
@@ -21,11 +22,19 @@ def ranking_metrics(
     max_users: int | None = 10_000,
     seed: int = 0,
 ) -> dict[str, float]:
-    """precision@k, recall@k, ndcg@k over users with held-out ratings.
+    """precision@k, recall@k, ndcg@k over users with held-out ratings, and k and users.
 
     Relevant items are a user's held-out items (rated >= `threshold` when given); training
     items are excluded from the recommendations. At most `max_users` users (a seeded sample).
+    `k` must be an integer >= 1; above the number of items n it is clamped to n (the keys and
+    ``"k"`` say the k used). A user with fewer than k unseen items is scored on the ones there
+    are (the places left count as misses), so no metric is ever NaN.
     """
+    k = int(k) if isinstance(k, np.integer) else k
+    check_number("k", k, 1, integer=True)
+    if max_users is not None:
+        check_number("max_users", max_users, 1, integer=True)
+    k = min(k, model.item_factors_.shape[0])
     if not store.has_test:
         raise StoreError(
             f"{store.url}: the store has no held-out ratings; ingest or generate it with a "
@@ -59,5 +68,6 @@ def ranking_metrics(
         f"precision@{k}": precision / count,
         f"recall@{k}": recall / count,
         f"ndcg@{k}": ndcg / count,
+        "k": k,
         "users": int(count),
     }

@@ -8,6 +8,7 @@ drops its device handles); predict, rmse, recommend, save and load use the host 
 from __future__ import annotations
 
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from .engine.cluster import backend_on, cluster_client
 from .engine.fit import ALSParams, fit
 from .engine.plan import Plan
 from .engine.session import Session
-from .errors import ConfigError, NotFittedError, StoreError
+from .errors import ConfigError, CumfWarning, NotFittedError, StoreError
 
 
 class ALS:
@@ -172,7 +173,7 @@ class ALS:
         self.metrics_: list[dict[str, Any]] = result.metrics
         self.iterations_done_ = result.iterations_done
         self.shape_ = (store.m, store.n)
-        self.user_factors_, self.item_factors_ = result.session.gather()
+        self.user_factors_, self.item_factors_ = result.factors
         self._store = store
         self._session: Session | None = result.session
 
@@ -230,14 +231,30 @@ class ALS:
         store: RatingsStore | str | None = None,
         batch: int = 4096,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k items (dense indices) and scores per user, best first.
+        """Top-k items (dense indices) and scores per user, best first: two arrays (users, k).
 
         Batches of users run as tasks on the fit's workers while its client is open, else
         here. ``exclude_seen`` skips each user's training items (read from `store`, by
         default the store the model was fitted on).
+
+        `k` must be an integer >= 1. A `k` above the number of items n is clamped to n (with
+        a CumfWarning). A user with fewer than k items left to recommend (the others seen in
+        training) gets them all, then item -1 with score NaN in the remaining places: -1
+        never matches an item, and no real score is ever -inf or NaN.
         """
+        k = int(k) if isinstance(k, np.integer) else k
+        check_number("k", k, 1, integer=True)
+        check_number("batch", batch, 1, integer=True)
         users = np.asarray(users, np.int64)
         self._check_indices(users, np.zeros(0, np.int64))
+        n = self.item_factors_.shape[0]
+        if k > n:
+            warnings.warn(
+                f"k={k} is more than the {n:,} items: returning {n:,} per user",
+                CumfWarning,
+                stacklevel=2,
+            )
+            k = n
         if exclude_seen:
             store = store if store is not None else getattr(self, "_store", None)
             if store is None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from os import PathLike
+from pathlib import Path
 
 from .errors import StoreError
 
@@ -26,3 +29,45 @@ def local_path(path: str | PathLike[str], what: str = "models and checkpoints") 
             f"{text}: {what} are written to local or mounted folders, not URLs; give a path"
         )
     return text
+
+
+def check_writable(path: str | PathLike[str], what: str, *, folder: bool = False) -> None:
+    """Refuse at once, before any input is read, to write `what` at a local `path` that
+    cannot be written: a parent is a file, or the nearest existing folder is read-only.
+
+    `folder`: `path` is a folder written into (a run or checkpoint folder), else a target
+    created beside its siblings (a store, a model). URLs are not checked here.
+    """
+    text = normalize_url(path)
+    if is_url(text):
+        return
+    target = Path(text)
+    if folder and target.exists() and not target.is_dir():
+        raise StoreError(f"cannot write {what} in {text}: it is a file, not a folder; "
+                         "choose another path")  # fmt: skip
+    existing = target if folder else target.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise StoreError(
+            f"cannot write {what} at {text}: {existing} is a file, not a folder; choose "
+            "another path"
+        )
+    if not _can_create(existing):
+        raise StoreError(
+            f"cannot write {what} at {text}: the folder {existing} is not writable (read-only "
+            "or no permission); choose another path"
+        )
+
+
+def _can_create(folder: Path) -> bool:
+    """Whether a file can be created in `folder` (tried for real: root ignores mode bits)."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        fd, name = tempfile.mkstemp(prefix=".cumf-write-test-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return True

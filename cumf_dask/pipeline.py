@@ -5,11 +5,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from os import PathLike
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .callbacks import Log, Progress
+from .checkpoint import Checkpointer
 from .config import Config, DataConfig
 from .data.store import RatingsStore
 from .engine.cluster import (
@@ -22,6 +25,7 @@ from .engine.cluster import (
 from .engine.plan import Plan, make_plan
 from .errors import IngestError, StoreError
 from .model import ALS
+from .paths import check_writable, is_url, normalize_url
 from .records import RunFolder
 
 if TYPE_CHECKING:
@@ -77,7 +81,8 @@ def ingest_from_config(
     return ingest_file(
         ing.path, url if url is not None else cfg.store, ing.format, delimiter=ing.delimiter,
         header=ing.header, columns=ing.columns, duplicates=ing.duplicates, m=ing.m, n=ing.n,
-        test_fraction=cfg.test_fraction, split_seed=cfg.split_seed, tile_rows=cfg.tile_rows,
+        rating_min=ing.rating_min, rating_max=ing.rating_max, test_fraction=cfg.test_fraction,
+        split_seed=cfg.split_seed, tile_rows=cfg.tile_rows,
         tile_cols=cfg.tile_cols, overwrite=cfg.overwrite, chunk_rows=chunk_rows,
         progress=progress,
     )  # fmt: skip
@@ -170,17 +175,41 @@ def train(
     data stages, stage "train" (iterations done) and the half-steps' batches ("update X",
     "update Theta"); `log` one-line messages.
     """
-    if client is None:
-        with cluster_client(config.cluster) as own:
-            return train(config, resume=resume, client=own, on_iteration=on_iteration,
-                         progress=progress, log=log)  # fmt: skip
+    _check_outputs(config)  # before a cluster starts or any input is read
+    run = RunFolder.latest(config) if resume else None
+    if resume and run is None:
+        log(f"no earlier run of '{config.output.name}' with checkpoints: starting fresh")
+    with ExitStack() as stack:
+        if run is not None:  # one writer per run folder: a second resume fails at once
+            stack.enter_context(Checkpointer(run.checkpoints).locked())
+        if client is None:
+            client = stack.enter_context(cluster_client(config.cluster))
+        return _train(config, run, client, on_iteration, progress, log)
+
+
+def _check_outputs(config: Config) -> None:
+    """Every location the job writes is writable (StoreError otherwise): the run folder, and
+    the store when it is to be built (not a complete one reused where it is)."""
+    check_writable(config.output.dir, "the run folder", folder=True)
+    data = config.data
+    built = not is_url(data.store) and (Path(normalize_url(data.store)) / "zarr.json").is_file()
+    if data.source != "store" and (data.overwrite or not built):
+        check_writable(data.store, "the rating store")
+
+
+def _train(
+    config: Config,
+    run: RunFolder | None,
+    client: Any,
+    on_iteration: Callable[[dict[str, Any]], None] | None,
+    progress: Progress | None,
+    log: Log,
+) -> TrainResult:
+    resume = run is not None
     if client.dashboard_link and config.cluster.dashboard_address is not None:
         log(f"Dask dashboard: {client.dashboard_link}")
     log(f"{len(worker_addresses(client))} workers, transport {transport(client)}")
     store = prepare_store(config, client, progress, log)
-    run = RunFolder.latest(config) if resume else None
-    if resume and run is None:
-        log(f"no earlier run of '{config.output.name}' with checkpoints: starting fresh")
     run = run or RunFolder.create(config)
     run.write_config(config)
     started = time.perf_counter()
@@ -204,6 +233,9 @@ def train(
         progress("train", 0, iterations)
     model.fit(store, client=client, resume=resume)
     run.write_plan(model.plan_)
+    cleared = run.clear_damaged_model()
+    if cleared:
+        log(cleared)
     model.save(run.model)
     plot = run.plot(model.metrics_, f"{config.output.name}: {store.m:,} x {store.n:,}, "
                                     f"f={config.model.factors}")  # fmt: skip

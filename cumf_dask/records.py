@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .checkpoint import MODEL_FORMAT
 from .config import Config
 from .engine.plan import Plan
 
@@ -63,8 +66,33 @@ class RunFolder:
         (self.path / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        with open(self.path / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        """Add an iteration's line; lines of that iteration or later (left by a run that
+        went on past the checkpoint it is resumed from) are dropped first."""
+        path = self.path / "metrics.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        kept = [line for line in lines if _iteration(line) < record["iteration"]]
+        if len(kept) == len(lines):
+            with open(path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+            return
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in [*kept, json.dumps(record)]))
+        os.replace(tmp, path)
+
+    def clear_damaged_model(self) -> str | None:
+        """Remove a model.zarr that is not a complete model (a save cut short, or damaged
+        metadata), so that a resumed run can write it again; say what was removed."""
+        meta = self.model / "zarr.json"
+        if not self.model.exists():
+            return None
+        try:
+            attrs = json.loads(meta.read_text()).get("attributes", {})
+            if attrs.get("format") == MODEL_FORMAT and attrs.get("complete"):
+                return None
+        except (OSError, ValueError, AttributeError):
+            pass
+        shutil.rmtree(self.model, ignore_errors=True)
+        return f"removed the incomplete or damaged {self.model}; it is written again"
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         (self.path / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -102,3 +130,10 @@ def plot_rmse(metrics: list[dict[str, Any]], path: Path, title: str = "") -> Pat
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _iteration(line: str) -> int:
+    try:
+        return int(json.loads(line).get("iteration", 0))
+    except (ValueError, AttributeError, TypeError):
+        return 0

@@ -45,6 +45,11 @@ class Backend(ABC):
     def prepare(self, f: int) -> None:  # noqa: B027 - a hook: only the GPU has work to do
         """Get ready to compute with f factors (the GPU compiles its kernels); no-op here."""
 
+    def memory_capacity(self) -> int | None:
+        """Bytes this process may allocate on its device; None where the worker's memory
+        limit says it (the CPU)."""
+        return None
+
     def prepare_fixed(self, fixed: Any) -> Any:
         """The fixed factor at this backend's storage precision (see module doc)."""
         if self.precision == "float32":
@@ -135,18 +140,24 @@ class Backend(ABC):
     def topk(self, X: Any, Theta: Any, k: int, seen: Block | None = None) -> tuple[Any, Any]:
         """Top-k columns by score X @ Theta^T for each row of X, skipping `seen` ratings.
 
-        Returns (indices, scores), each (rows, k), best first. `seen` is a block over the
-        same rows and all columns (its col0 must be 0).
+        Returns (indices, scores), each (rows, min(k, columns)), best first. `seen` is a
+        block over the same rows and all columns (its col0 must be 0). A row with fewer than
+        k columns not seen gets index -1 and score NaN in the places left over.
         """
         xp = self.xp
-        k = min(k, Theta.shape[0])
+        k = min(max(int(k), 1), Theta.shape[0])
         scores = X @ Theta.T
         if seen is not None and seen.nnz:
             scores[self.row_of(seen), seen.indices] = -xp.inf
         part = xp.argpartition(-scores, k - 1, axis=1)[:, :k]
         top = xp.take_along_axis(scores, part, axis=1)
         order = xp.argsort(-top, axis=1)
-        return xp.take_along_axis(part, order, axis=1), xp.take_along_axis(top, order, axis=1)
+        idx, top = xp.take_along_axis(part, order, axis=1), xp.take_along_axis(top, order, axis=1)
+        if seen is not None and seen.nnz:
+            left_over = xp.isneginf(top)
+            idx[left_over] = -1
+            top[left_over] = xp.nan
+        return idx, top
 
 
 def round_bfloat16(xp: Any, x: Any) -> Any:

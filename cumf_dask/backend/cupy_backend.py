@@ -176,6 +176,11 @@ class CupyBackend(Backend):
     def to_host(self, x: Any) -> np.ndarray:
         return cp.asnumpy(x)
 
+    def memory_capacity(self) -> int | None:
+        """The default memory pool's limit when one is set, else the GPU's total memory."""
+        limit = cp.get_default_memory_pool().get_limit()
+        return int(limit) if limit else int(cp.cuda.Device().mem_info[1])
+
     def prepare(self, f: int) -> None:
         """Compile (or load from CuPy's disk cache) the kernels for f factors."""
         self._kernels(f, "bf16" if self.precision == "bfloat16" else "float")

@@ -1,7 +1,8 @@
 """Rating data: the Zarr store, its builders, ingestion and the synthetic generator.
 
 * :mod:`.store`: :class:`~.store.RatingsStore`, the tiled on-disk format and its reader.
-* :mod:`.target`: where a build writes and how it is published (never over a foreign folder).
+* :mod:`.target`: where a build writes, its writer lock, and how it is published (never over
+  a foreign folder).
 * :mod:`.bands`: writing one band and transposing, the pure functions every build runs.
 * :mod:`.spill`: :class:`~.spill.StoreBuilder`, COO chunks of any size in bounded memory.
 * :mod:`.duplicates`: the repeated-pair policy; :mod:`.hashing`: splitmix64 and the split.

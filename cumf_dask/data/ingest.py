@@ -16,8 +16,15 @@ Ids:
 * A declared size uses the ids as indices directly (no map): they must be integers in
   ``[0, m)`` / ``[0, n)``. A SciPy matrix always declares its shape.
 
-Errors in the input (a malformed line, a rating that is not a finite number, an id out of the
-declared range, an empty file, a repeated pair under ``duplicates="error"``) raise one
+Ratings: a scale may be declared (``rating_min``/``rating_max``, ``--rating-min/--rating-max``):
+a rating outside it is an error. Without one, a rating beyond +-1e9
+(:data:`~cumf_dask.checks.MAX_RATING`) is refused as absurd: training runs in float32 and
+squares ratings, so such values would overflow to NaN factors (1e9 leaves ample margin; no
+real scale comes near it).
+
+Errors in the input (a malformed line, a rating that is not a finite number, outside the
+declared scale or beyond +-1e9, an id out of the declared range, an empty file, a repeated
+pair under ``duplicates="error"``, a binary or compressed file read as text) raise one
 :class:`~cumf_dask.errors.IngestError` that names the file and the 1-based line (the record
 for in-memory input). Nothing is left at ``url`` then, and an existing store there is untouched.
 An argument out of range (``test_fraction``, tile sizes, ``chunk_rows``, ``duplicates``) is a
@@ -38,7 +45,7 @@ from typing import Any
 import numpy as np
 import pandas as pd  # a core dependency: chunked, C-speed text parsing
 
-from ..checks import check_positive_int
+from ..checks import MAX_RATING, check_positive_int, check_scale
 from ..errors import IngestError
 from .duplicates import DuplicatePolicy
 from .readers import (
@@ -79,7 +86,7 @@ _TEXT_FORMATS = {
     "movielens-csv": TextFormat(",", columns=("userId", "movieId", "rating"), header=True),
     "netflix": TextFormat(",", header=False, fields=3, blocks=True),
 }
-_F32_MAX = float(np.finfo(np.float32).max)
+Scale = tuple[float | None, float | None]
 
 
 # ----------------------------------------------------------------------------- public API
@@ -96,6 +103,8 @@ def ingest_file(
     duplicates: DuplicatePolicy = "error",
     m: int | None = None,
     n: int | None = None,
+    rating_min: float | None = None,
+    rating_max: float | None = None,
     test_fraction: float = 0.0,
     split_seed: int = 0,
     tile_rows: int | None = None,
@@ -117,6 +126,8 @@ def ingest_file(
     duplicates : repeated (user, item) pairs: ``"error"``, ``"last"`` (latest line wins) or
         ``"mean"``.
     m, n : declared numbers of users and items: ids are then indices in [0, m) / [0, n).
+    rating_min, rating_max : the declared rating scale (either may be None): a rating
+        outside it is an error. Without a scale, ratings beyond +-1e9 are (module doc).
     test_fraction, split_seed : deterministic held-out share (by pair hash and seed).
     chunk_rows : lines (rows) per chunk: bounds the memory of reading.
     progress : ``progress(stage, done, total)``, see the module docstring.
@@ -124,6 +135,7 @@ def ingest_file(
     if format not in FORMATS:
         raise IngestError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     check_positive_int("chunk_rows", chunk_rows)
+    check_scale(rating_min, rating_max)
     overrides = {"delimiter": delimiter, "header": header, "columns": columns}
     given = [key for key, value in overrides.items() if value is not None]
     if format == "parquet":
@@ -145,7 +157,8 @@ def ingest_file(
         chunks = read_text(files, spec, chunk_rows)
     source = {"kind": "file", "format": format, "path": files.name, "duplicates": duplicates}
     return _ingest(
-        chunks, url, files, source, m, n, duplicates=duplicates, test_fraction=test_fraction,
+        chunks, url, files, _with_scale(source, rating_min, rating_max), m, n,
+        scale=(rating_min, rating_max), duplicates=duplicates, test_fraction=test_fraction,
         split_seed=split_seed, tile_rows=tile_rows, tile_cols=tile_cols, overwrite=overwrite,
         progress=progress,
     )  # fmt: skip
@@ -159,6 +172,8 @@ def ingest_arrays(
     shape: tuple[int | None, int | None] | None = None,
     *,
     duplicates: DuplicatePolicy = "error",
+    rating_min: float | None = None,
+    rating_max: float | None = None,
     test_fraction: float = 0.0,
     split_seed: int = 0,
     tile_rows: int | None = None,
@@ -175,6 +190,7 @@ def ingest_arrays(
     `source` is recorded in the store's attrs. Other parameters as for :func:`ingest_file`.
     """
     check_positive_int("chunk_rows", chunk_rows)
+    check_scale(rating_min, rating_max)
     users, items, ratings = np.asarray(users), np.asarray(items), np.asarray(ratings)
     if not (users.ndim == items.ndim == ratings.ndim == 1) or not (
         users.shape == items.shape == ratings.shape
@@ -186,7 +202,8 @@ def ingest_arrays(
     m, n = shape if shape is not None else (None, None)
     return _ingest(
         read_arrays(users, items, ratings, chunk_rows), url, Records(len(ratings)),
-        source or {"kind": "arrays"}, m, n, duplicates=duplicates, test_fraction=test_fraction,
+        _with_scale(source or {"kind": "arrays"}, rating_min, rating_max), m, n,
+        scale=(rating_min, rating_max), duplicates=duplicates, test_fraction=test_fraction,
         split_seed=split_seed, tile_rows=tile_rows, tile_cols=tile_cols, overwrite=overwrite,
         progress=progress, expected_nnz=len(ratings),
     )  # fmt: skip
@@ -287,6 +304,7 @@ def _ingest(
     m: int | None,
     n: int | None,
     *,
+    scale: Scale,
     progress: Progress | None,
     **builder_options: Any,
 ) -> RatingsStore:
@@ -296,7 +314,7 @@ def _ingest(
     count = 0
     try:
         for chunk in chunks:
-            ratings = _ratings(chunk, records)
+            ratings = _ratings(chunk, records, scale)
             rows = users.encode(chunk.users, chunk.seq, records)
             cols = items.encode(chunk.items, chunk.seq, records)
             builder.add(rows, cols, ratings, seq=chunk.seq)
@@ -318,20 +336,45 @@ def _ingest(
     )  # fmt: skip
 
 
-def _ratings(chunk: Chunk, records: Records) -> np.ndarray:
-    """The chunk's ratings as float64; one that is not a finite float32 number is an error."""
+def _ratings(chunk: Chunk, records: Records, scale: Scale) -> np.ndarray:
+    """The chunk's ratings as float64: finite numbers, within the declared scale if any, else
+    within +-MAX_RATING; the first that is not is an error naming its line."""
     try:
         values = np.asarray(chunk.ratings, dtype=np.float64)
     except (TypeError, ValueError):  # text that is not a number: find it
         values = np.asarray(pd.to_numeric(chunk.ratings, errors="coerce"), dtype=np.float64)
-    bad = ~(np.abs(values) <= _F32_MAX)
-    if bad.any():
-        k = int(np.argmax(bad))
-        raise IngestError(
-            f"{records.where(chunk.seq[k])}: rating {show(chunk.ratings[k])} is not a finite "
-            "number; fix or remove it"
+    low, high = scale
+    ok = np.isfinite(values)
+    if low is None and high is None:
+        ok &= np.abs(values) <= MAX_RATING
+    else:
+        ok &= (values >= (-np.inf if low is None else low)) & (
+            values <= (np.inf if high is None else high)
         )
-    return values
+    if ok.all():
+        return values
+    k = int(np.argmax(~ok))
+    where, shown = records.where(chunk.seq[k]), show(chunk.ratings[k])
+    if not np.isfinite(values[k]):
+        raise IngestError(f"{where}: rating {shown} is not a finite number; fix or remove it")
+    if low is None and high is None:
+        raise IngestError(
+            f"{where}: rating {shown} is beyond +-{MAX_RATING:.0e}, the largest magnitude "
+            "cumf-dask accepts (float32 training would overflow to NaN); fix or remove it, or "
+            "rescale the ratings"
+        )
+    bounds = f"[{'-inf' if low is None else f'{low:g}'}, {'inf' if high is None else f'{high:g}'}]"
+    raise IngestError(
+        f"{where}: rating {shown} is outside the declared scale {bounds}; fix or remove it, or "
+        "declare a wider scale (--rating-min/--rating-max)"
+    )
+
+
+def _with_scale(source: dict[str, Any], low: float | None, high: float | None) -> dict:
+    """The store's provenance, with the declared scale when there is one."""
+    if low is None and high is None:
+        return source
+    return {**source, "rating_min": low, "rating_max": high}
 
 
 def _integer_ids(ids: np.ndarray) -> np.ndarray:

@@ -186,7 +186,14 @@ def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> 
 def _layout(files: Files, k: int, spec: TextFormat) -> tuple[bool, list[int], int]:
     """(has a header, positions of the user, item and rating columns, fields per line)."""
     with _text_errors(files.names[k]), files.open(k) as (data, _):
-        first = data.readline().decode("utf-8-sig", errors="replace").rstrip("\r\n")
+        head = data.read(_SNIFF)
+        kind = binary_kind(head)
+        if kind is not None:
+            raise IngestError(f"{files.names[k]}: not a text file: {kind}")
+        first_bytes = head.split(b"\n", 1)[0]
+        if b"\n" not in head and len(head) == _SNIFF:
+            first_bytes += data.readline()
+        first = first_bytes.decode("utf-8-sig", errors="replace").rstrip("\r\n")
     where = f"{files.names[k]}, line 1"
     if not first.strip():
         raise IngestError(
@@ -203,6 +210,38 @@ def _layout(files: Files, k: int, spec: TextFormat) -> tuple[bool, list[int], in
     labels = [f.strip().strip('"') for f in fields] if header else []
     count = spec.fields or len(fields)
     return header, [position(c, labels, count, where) for c in spec.columns], count
+
+
+_SNIFF = 8192  # bytes looked at to tell text from binary data
+_MAGIC = (
+    (b"\x1f\x8b", "it looks like gzip-compressed data; name it .gz (then it is decompressed) or "
+     "decompress it (gunzip)"),
+    (b"PK\x03\x04", "it looks like a zip archive; unzip it and give the ratings file inside"),
+    (b"BZh", "it looks like bzip2-compressed data; name it .bz2 or decompress it (bunzip2)"),
+    (b"\xfd7zXZ\x00", "it looks like xz-compressed data; name it .xz or decompress it (unxz)"),
+    (b"\x28\xb5\x2f\xfd", "it looks like zstd-compressed data; decompress it (unzstd)"),
+    (b"PAR1", "it looks like a Parquet file; use --format parquet"),
+    (b"\x89HDF", "it looks like an HDF5 file; export the ratings as text or Parquet"),
+    (b"\xff\xfe", "it looks like UTF-16 text; convert it to UTF-8 (iconv -f UTF-16)"),
+    (b"\xfe\xff", "it looks like UTF-16 text; convert it to UTF-8 (iconv -f UTF-16)"),
+)  # fmt: skip
+
+
+def binary_kind(head: bytes) -> str | None:
+    """What `head` (a file's first bytes, after any decompression by name) looks like when it
+    is not text: compressed data, an archive, a known binary format, or binary data."""
+    for magic, text in _MAGIC:
+        if head.startswith(magic):
+            return text
+    if not head:
+        return None
+    controls = sum(1 for b in head if b < 32 and b not in b"\t\n\r\f\v") + head.count(127)
+    if b"\x00" in head or controls > 0.05 * len(head):
+        return (
+            "it holds binary data (NUL or control bytes), not lines of ratings; give the "
+            "ratings as text (csv, tsv, ...) or Parquet"
+        )
+    return None
 
 
 def _netflix_blocks(

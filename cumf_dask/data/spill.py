@@ -6,27 +6,39 @@ chunk, splits off the test share (:func:`~.hashing.split_mask`), spills it to pe
 on local disk, and at ``finalize`` resolves duplicates (:mod:`.duplicates`) and writes the
 bands one at a time with the band functions of :mod:`.bands`: memory stays bounded by one
 band, so inputs far larger than memory work.
+
+A builder holds its target's writer lock from construction (before any input is read) to
+``finalize``/``abort`` (:func:`~.target.claim`). Its spill folder
+(``<tmp>/cumf-spill-<pid>-*``) carries an owner record: a later builder removes the spill
+folders of owners that died (a killed ingest leaves them), never a live one's.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..checks import check_choice, check_fraction, check_positive_int
-from ..errors import IngestError
+from ..checks import MAX_RATING, check_choice, check_fraction, check_positive_int
+from ..errors import CumfWarning, IngestError
+from ..locks import owner_is_dead, owner_record, read_owner
 from ..paths import is_url, normalize_url
 from .bands import finish_store, init_store, transpose_band, write_band
 from .duplicates import DUPLICATE_POLICIES, DuplicatePolicy, resolve_duplicates
 from .hashing import split_mask
 from .store import RatingsStore, default_tile
-from .target import check_target, discard, publish, work_url
+from .target import check_target, claim, discard, publish, work_url
+
+SPILL_PREFIX = "cumf-spill-"
+OWNER = "owner.json"
 
 
 class StoreBuilder:
@@ -55,9 +67,16 @@ class StoreBuilder:
         check_fraction("test_fraction", test_fraction)
         check_choice("duplicates", duplicates, DUPLICATE_POLICIES)
         url = normalize_url(url)
-        check_target(url, overwrite)
         check_positive_int("tile_rows", tile_rows, optional=True)
         check_positive_int("tile_cols", tile_cols, optional=True)
+        self._lock = claim(url)
+        try:
+            check_target(url, overwrite)
+            clear_dead_spills(spill_dir)
+            self._spill = new_spill_dir(spill_dir)
+        except BaseException:
+            self._lock.release()
+            raise
         self.url = url
         self.m, self.n = m, n
         if tile_rows is None:
@@ -68,7 +87,6 @@ class StoreBuilder:
         self.test_fraction, self.split_seed = float(test_fraction), int(split_seed)
         self.duplicates: DuplicatePolicy = duplicates
         self.overwrite = overwrite
-        self._spill = Path(tempfile.mkdtemp(prefix="cumf-spill-", dir=spill_dir))
         self._records = 0
         self._max_row = -1
         self._max_col = -1
@@ -88,10 +106,13 @@ class StoreBuilder:
         self._records += row.size
         if row.size == 0:
             return
-        bad = ~np.isfinite(val)
+        bad = ~(np.abs(val) <= MAX_RATING)
         if bad.any():
             k = int(np.argmax(bad))
-            raise IngestError(f"rating at record {int(seq[k])} is {val[k]}: ratings must be finite")
+            raise IngestError(
+                f"rating at record {int(seq[k])} is {float(val[k]):g}: ratings must be finite "
+                f"numbers within +-{MAX_RATING:.0e} (float32 training would overflow beyond)"
+            )
         for name, idx, limit in (("row", row, self.m), ("column", col, self.n)):
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or (limit is not None and hi >= limit):
@@ -196,10 +217,43 @@ class StoreBuilder:
             raise
         finally:
             shutil.rmtree(self._spill, ignore_errors=True)
+            self._lock.release()
 
     def abort(self) -> None:
-        """Drop the spill files (the store itself was not created yet)."""
+        """Drop the spill files (the store itself was not created yet) and the lock."""
         shutil.rmtree(self._spill, ignore_errors=True)
+        self._lock.release()
+
+
+def new_spill_dir(parent: str | None = None) -> Path:
+    """A fresh spill folder in `parent` (default: the temp folder) with this process's owner
+    record in it."""
+    path = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=parent))
+    (path / OWNER).write_text(json.dumps(owner_record()))
+    return path
+
+
+def clear_dead_spills(parent: str | None = None) -> None:
+    """Remove the spill folders in `parent` whose owner died (a killed ingest's), saying so.
+
+    Folders of live owners, of other hosts, or without an owner record are left alone.
+    """
+    root = Path(parent or tempfile.gettempdir())
+    removed, total = [], 0
+    for folder in root.glob(f"{SPILL_PREFIX}*"):
+        owner = read_owner(folder / OWNER)
+        if owner is None or not owner_is_dead(owner):
+            continue
+        total += sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder.name)
+    if removed:
+        warnings.warn(
+            f"removed {len(removed)} spill folder(s) of interrupted ingests in {root} "
+            f"({total / 1e6:,.1f} MB): {', '.join(removed)}",
+            CumfWarning,
+            stacklevel=3,
+        )
 
 
 def build_store(

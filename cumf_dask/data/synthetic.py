@@ -31,7 +31,7 @@ from .bands import finish_store, init_store, transpose_band, write_band
 from .hashing import split_mask
 from .planted import PlantedModel
 from .store import RatingsStore, default_tile
-from .target import check_target, discard, publish, work_url
+from .target import check_target, claim, discard, publish, work_url
 
 Progress = Callable[[str, int, int], None]
 
@@ -69,7 +69,28 @@ def generate(
     tile_rows = tile_rows or default_tile(m, n, nnz)
     tile_cols = tile_cols or default_tile(n, m, nnz)
     url = normalize_url(url)
-    check_target(url, overwrite)  # the old store stays until the new one is complete
+    lock = claim(url)  # one writer per target; a killed run's <url>.partial is removed
+    try:
+        check_target(url, overwrite)  # the old store stays until the new one is complete
+        return _build(url, model, test_fraction, split_seed, tile_rows, tile_cols, client,
+                      progress, use_gpu)  # fmt: skip
+    finally:
+        lock.release()
+
+
+def _build(
+    url: str,
+    model: PlantedModel,
+    test_fraction: float,
+    split_seed: int,
+    tile_rows: int,
+    tile_cols: int,
+    client: Any,
+    progress: Progress | None,
+    use_gpu: bool | Literal["auto"],
+) -> RatingsStore:
+    """Write the store beside `url`, then publish it (see generate)."""
+    m, n = model.m, model.n
     work = work_url(url)
     init_store(work, m, n, tile_rows, tile_cols, overwrite=True)
     try:

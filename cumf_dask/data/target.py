@@ -4,19 +4,62 @@ A build never replaces anything but a cumf-dask store, and a store only when ask
 (:func:`check_target`). A local build writes beside its target (:func:`work_url`) and is
 moved into place only once complete (:func:`publish`), so an interrupted build leaves the
 old store whole; a remote (fsspec URL) build writes in place and is marked complete last.
+
+A build holds its target's writer lock (:func:`claim`: ``<store>.lock``, checked writable
+before any input is read); under it, what a killed build of the same target left
+(``<store>.partial``, ``<store>.old``) is removed, with a warning that says what and how
+much. Remote targets are not locked.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import zarr
 
-from ..errors import StoreError
-from ..paths import is_url, normalize_url
+from ..errors import CumfWarning, StoreError
+from ..locks import WriterLock
+from ..paths import check_writable, is_url, normalize_url
 from .store import FORMAT, RatingsStore
+
+WHAT = "the rating store"
+
+
+def claim(url: str) -> WriterLock:
+    """Take `url`'s writer lock (checked writable first) and clear a killed build's leftovers.
+
+    The caller releases the lock (``lock.release()``) when the build is published or failed.
+    """
+    check_writable(url, WHAT)
+    lock = WriterLock(url, WHAT).acquire()
+    try:
+        if not is_url(url):
+            clear_leftovers(url)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def clear_leftovers(url: str) -> None:
+    """Remove ``<url>.partial`` and ``<url>.old`` (the caller holds the lock, so no live build
+    owns them), saying what was removed."""
+    removed = []
+    for suffix in (".partial", ".old"):
+        path = Path(f"{url}{suffix}")
+        if path.is_dir() and _local_format(path) == FORMAT:
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(f"{path} ({size / 1e6:,.1f} MB)")
+    if removed:
+        warnings.warn(
+            f"removed what an interrupted build of {url} left: {', '.join(removed)}",
+            CumfWarning,
+            stacklevel=3,
+        )
 
 
 def check_target(url: str, overwrite: bool) -> None:

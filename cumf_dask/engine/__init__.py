@@ -8,5 +8,7 @@
 6. :mod:`.fit`: the loop (start or resume, iterate, score, checkpoint);
 7. :mod:`.session`: a finished fit's factors on the workers (export, gather, recommend).
 
-:mod:`.cluster` makes clients and tells the planner what the workers have.
+:mod:`.cluster` makes clients and tells the planner what the workers have; :mod:`.watch`
+is how every wait of the engine fails fast (a lost or memory-starved worker) instead of
+hanging, and :mod:`.fit` recovers from a lost worker.
 """

@@ -191,13 +191,22 @@ def worker_memory(client: Client, backend: str) -> int:
     return min(limits)
 
 
-def measure_link(client: Client, workers: list[str], backend: str, nbytes: int = 64 << 20):
+def measure_link(
+    client: Client, workers: list[str], backend: str, nbytes: int = 64 << 20, watch: Any = None
+):
     """Bytes/s from the first worker to the second, timed on real transfers of `nbytes` in
     the backend's arrays (device memory on GPU workers), minus a tiny transfer's time; inf
-    when the transfer costs nothing measurable (in-process workers), None for one worker."""
+    when the transfer costs nothing measurable (in-process workers), None for one worker.
+    With `watch` (a :class:`~.watch.Watch`) a lost or memory-paused worker raises instead of
+    hanging. The caller keeps `nbytes` small next to the workers' memory."""
     if len(workers) < 2:
         return None
     source, sink = workers[:2]
+
+    def result(fut: Any) -> Any:
+        if watch is not None:
+            watch.wait([fut])
+        return fut.result()
 
     def transfer_seconds(size: int) -> float:
         arrays = [
@@ -205,11 +214,11 @@ def measure_link(client: Client, workers: list[str], backend: str, nbytes: int =
             for _ in range(2)
         ]
         for arr in arrays:  # made on the source (waited for there, not moved)
-            client.submit(tasks.nbytes, arr, workers=[source], pure=False).result()
+            result(client.submit(tasks.nbytes, arr, workers=[source], pure=False))
         times = []
         for arr in arrays:  # a fresh array each time: a replica would not move again
             t0 = time.perf_counter()
-            client.submit(tasks.nbytes, arr, workers=[sink], pure=False).result()
+            result(client.submit(tasks.nbytes, arr, workers=[sink], pure=False))
             times.append(time.perf_counter() - t0)
         return min(times)
 
@@ -227,6 +236,24 @@ def read_threads(client: Client, workers: list[str]) -> dict[str, int]:
 
 def _host(address: str) -> str:
     return address.split("://", 1)[-1].rsplit(":", 1)[0]
+
+
+def wait_for_workers(client: Client, count: int, timeout: float) -> list[str]:
+    """The workers present once there are `count` of them, or after `timeout` seconds (a
+    nanny restarts a killed worker under a new address within seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        workers = worker_addresses(client)
+        if len(workers) >= count or time.monotonic() > deadline:
+            return workers
+        time.sleep(0.2)
+
+
+def process_memory(client: Client) -> int:
+    """The largest worker process's memory in bytes as the scheduler last heard it (what
+    Python, Dask and the libraries take before any data: a CPU plan must fit beside it)."""
+    info = client.scheduler_info(n_workers=-1)["workers"].values()
+    return max((int((w.get("metrics") or {}).get("memory") or 0) for w in info), default=0)
 
 
 def backend_on(client: Client, name: str) -> str:

@@ -1,17 +1,37 @@
 """The ALS loop on a cluster: plan, start (fresh or from a checkpoint), iterate, checkpoint.
 
 Each iteration runs update X (Theta fixed) then update Theta (X fixed) as SU-ALS half-steps
-(:mod:`.halfstep`), times both, scores train (and held-out) RMSE where the blocks live,
-writes an atomic checkpoint, and calls the callbacks with the iteration's record.
+(:mod:`.halfstep`), times both (the task that solves a factor piece checks that it is
+finite, on its worker: no extra task or round trip), scores train (and held-out) RMSE where
+the blocks live, writes an atomic checkpoint, and calls the callbacks with the iteration's
+record.
+
+What can go wrong, and what happens:
+
+* non-finite factors: :class:`~cumf_dask.errors.NumericalError` naming the iteration, the
+  factor and a likely cause, before that iteration is scored or checkpointed (the last good
+  checkpoint stays);
+* a worker lost (killed, or its machine gone): the fit waits up to REPLACE_S for the nanny's
+  replacement, re-places the blocks and factor pieces on the workers present, and goes on
+  from its last checkpoint (or from the start without checkpoints): the result is the one of
+  an uninterrupted fit. After MAX_RECOVERIES losses it stops with
+  :class:`~cumf_dask.errors.WorkerLostError`;
+* a worker out of memory (restarted by its nanny past its memory limit, paused for memory,
+  or a GPU allocation failing): :class:`~cumf_dask.errors.DeviceMemoryError` with a plan that
+  fits the memory there is.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
+import dask
+import numpy as np
 from distributed import Client
 
 from ..backend import backend_spec
@@ -19,19 +39,35 @@ from ..callbacks import IterationCallback, Progress
 from ..checkpoint import Checkpointer
 from ..config import PlanConfig
 from ..data.store import RatingsStore
-from ..errors import ConfigError, StoreError
+from ..errors import (
+    ConfigError,
+    CumfWarning,
+    DeviceMemoryError,
+    NumericalError,
+    PlanError,
+    StoreError,
+    WorkerLostError,
+    is_out_of_memory,
+)
+from . import tasks
 from .cluster import (
     CumfWorkerSetup,
     has_compute_slots,
     measure_link,
+    process_memory,
     read_threads,
+    wait_for_workers,
     worker_addresses,
     worker_memory,
 )
 from .halfstep import SUALSEngine
 from .placement import Factor
-from .plan import Plan, make_plan
+from .plan import RATING_BYTES, Plan, make_plan
 from .session import Session
+from .watch import Watch, WorkerLost, WorkersPaused
+
+MAX_RECOVERIES = 3  # worker losses a fit goes on after
+REPLACE_S = 30.0  # how long a fit waits for lost workers to be replaced
 
 
 @dataclass(frozen=True)
@@ -61,6 +97,20 @@ class FitResult:
     metrics: list[dict[str, Any]]
     iterations_done: int
     session: Session
+    factors: tuple[np.ndarray, np.ndarray]  # (X, Theta) on the host
+
+
+@dataclass
+class _State:
+    """Where a fit stands: iterations done, their metrics, the factors on the workers, and
+    the checkpoint this fit can go back to (None: only the start)."""
+
+    done: int
+    metrics: list[dict[str, Any]]
+    theta: Factor
+    X: Factor | None = None
+    restore: int | None = None
+    losses: list[str] = field(default_factory=list)
 
 
 def fit(
@@ -76,75 +126,286 @@ def fit(
     callbacks: Sequence[IterationCallback] = (),
     progress: Progress | None = None,
 ) -> FitResult:
-    """Fit on `client`'s workers with `backend` ("numpy" or "cupy", already resolved)."""
-    client.register_plugin(CumfWorkerSetup())  # BLAS threads, kernel cache
-    workers = worker_addresses(client)
-    plan = make_plan(
-        store.m, store.n, store.nnz, params.factors, len(workers),
-        worker_memory(client, backend), store.counts("row"), store.counts("col"),
-        plan_config, backend, link=measure_link(client, workers, backend),
-    )  # fmt: skip
-    engine = SUALSEngine(
-        client, store, plan, params.regularization, backend_spec(backend, params.precision),
-        workers, has_compute_slots(client), read_threads(client, workers),
-    )  # fmt: skip
-    engine.preload(held_out=evaluate and store.has_test)
-    engine.prepare(params.factors)  # kernels compile while the blocks load
+    """Fit on `client`'s workers with `backend` ("numpy" or "cupy", already resolved).
+
+    With `checkpoint_dir`, the folder is locked for the fit's duration (a second fit
+    writing it fails at once with a StoreError).
+    """
     checkpointer = Checkpointer(checkpoint_dir) if checkpoint_dir else None
     if resume and checkpointer is None:
         raise ConfigError("fit(resume=True) needs checkpoint_dir (output.checkpoint)")
-    start, metrics, theta = _start(engine, store, params, checkpointer if resume else None)
-    X: Factor | None = None
-    began = time.perf_counter()
-    for it in range(start + 1, params.iterations + 1):
-        t0 = time.perf_counter()
-        X = engine.half_step("x", theta, it, progress)
-        theta.placed.clear()  # its copies on the workers are no longer needed
-        t1 = time.perf_counter()
-        theta = engine.half_step("theta", X, it, progress)
-        X.placed.clear()
-        t2 = time.perf_counter()
-        record: dict[str, Any] = {
-            "iteration": it,
-            "seconds": t2 - t0,
-            "x_seconds": t1 - t0,
-            "theta_seconds": t2 - t1,
-        }
-        if evaluate:
-            record["train_rmse"] = engine.rmse(X, theta, it, "train")
-            if store.has_test:
-                record["test_rmse"] = engine.rmse(X, theta, it, "test")
-        record["elapsed"] = time.perf_counter() - began
-        metrics.append(record)
-        if checkpointer is not None:
-            Xd, Td = Session(engine, X, theta).factors_as_dask()
-            attrs = {**params.attrs(store), "metrics": metrics}
-            checkpointer.save(it, {"user_factors": Xd, "item_factors": Td}, attrs, client)
-        for callback in callbacks:
-            callback(record)
-    if X is None:  # nothing left to run (resumed at the end, or iterations == 0)
-        X = engine.half_step("x", theta, start + 1)
-    engine.release()
-    done = max(start, params.iterations)
-    return FitResult(plan, metrics, done, Session(engine, X, theta))
+    with checkpointer.locked() if checkpointer is not None else nullcontext():
+        client.register_plugin(CumfWorkerSetup())  # BLAS threads, kernel cache
+        workers = worker_addresses(client)
+        baseline = process_memory(client)
+        memory = worker_memory(client, backend)
+        workers, link = _link(client, workers, backend, memory)
+        plan = make_plan(
+            store.m, store.n, store.nnz, params.factors, len(workers), memory,
+            store.counts("row"), store.counts("col"), plan_config, backend, link=link,
+        )  # fmt: skip
+        engine = SUALSEngine(
+            client, store, plan, params.regularization, backend_spec(backend, params.precision),
+            workers, has_compute_slots(client), read_threads(client, workers),
+        )  # fmt: skip
+        engine.preload(held_out=evaluate and store.has_test)
+        engine.prepare(params.factors)  # kernels compile while the blocks load
+        run = _Run(engine, store, params, checkpointer, evaluate, callbacks, progress)
+        try:
+            return run.until_done(resume)
+        except (WorkersPaused, WorkerLost) as exc:  # WorkerLost escapes only for memory
+            raise _out_of_memory(exc, engine, memory, baseline, plan_config) from None
+        except Exception as exc:  # an allocation failed in a task (a GPU's, or the CPU's)
+            if not is_out_of_memory(exc):
+                raise
+            oom = (
+                exc
+                if isinstance(exc, DeviceMemoryError)
+                else DeviceMemoryError(f"a worker ran out of memory ({type(exc).__name__}: {exc})")
+            )
+            raise _out_of_memory(oom, engine, memory, baseline, plan_config) from None
 
 
-def _start(
-    engine: SUALSEngine,
-    store: RatingsStore,
-    params: ALSParams,
-    checkpointer: Checkpointer | None,
-) -> tuple[int, list[dict[str, Any]], Factor]:
-    """(iterations done, their metrics, Theta): from the last checkpoint, else fresh."""
-    found = checkpointer.latest() if checkpointer is not None else None
-    if found is None:
-        return 0, [], engine.initial(store.n, params.factors, params.seed)
-    start, attrs, arrays = found
-    want = {"m": store.m, "n": store.n, "factors": params.factors}
-    got = {k: attrs.get(k) for k in want}
-    if got != want:
-        raise StoreError(
-            f"{checkpointer.directory}: the checkpoint is for {got}, this fit is {want}; "  # type: ignore[union-attr]
-            "use another checkpoint_dir or resume=False"
+def _link(client: Client, workers: list[str], backend: str, memory: int):
+    """(workers, measured link): a worker lost while measuring is waited for (its nanny
+    replaces it), and the link left unmeasured; one lost for memory ends the fit."""
+    watch = Watch(client, workers)
+    try:
+        return workers, measure_link(client, workers, backend, min(64 << 20, memory // 16),
+                                     watch=watch)  # fmt: skip
+    except WorkersPaused as exc:
+        raise DeviceMemoryError(
+            f"worker {exc.worker} ran out of memory before any data was loaded ({exc.detail}); "
+            "give the workers more memory (cluster.memory_limit)"
+        ) from None
+    except WorkerLost as lost:
+        if lost.memory:
+            raise DeviceMemoryError(
+                f"worker {', '.join(lost.lost)} was killed for memory before any data was "
+                f"loaded ({lost.memory}); give the workers more memory (cluster.memory_limit)"
+            ) from None
+        return wait_for_workers(client, len(workers), REPLACE_S), None
+
+
+class _Run:
+    """One fit's loop, with its recovery from lost workers."""
+
+    def __init__(self, engine: SUALSEngine, store: RatingsStore, params: ALSParams,
+                 checkpointer: Checkpointer | None, evaluate: bool,
+                 callbacks: Sequence[IterationCallback], progress: Progress | None):  # fmt: skip
+        self.engine, self.store, self.params = engine, store, params
+        self.checkpointer, self.evaluate = checkpointer, evaluate
+        self.callbacks, self.progress = callbacks, progress
+        self.began = time.perf_counter()
+
+    def until_done(self, resume: bool) -> FitResult:
+        engine, checkpointer = self.engine, self.checkpointer
+        state = self._start(checkpointer.latest() if resume and checkpointer else None)
+        losses = 0
+        while True:
+            try:
+                self._iterate(state)
+                X = state.X
+                if X is None:  # nothing ran (iterations == 0): X from the initial Theta
+                    X = engine.half_step("x", state.theta, state.done + 1)
+                session = Session(engine, X, state.theta)
+                factors = engine.watch.compute(session.factors_as_dask())
+                break
+            except WorkerLost as lost:
+                if lost.memory:
+                    raise
+                losses += 1
+                state = self._recover(lost, state, losses)
+        engine.release()
+        done = max(state.done, self.params.iterations)
+        return FitResult(engine.plan, state.metrics, done, session, (factors[0], factors[1]))
+
+    # ------------------------------------------------------------------ starting points
+    def _start(self, found: tuple[int, dict, dict] | None) -> _State:
+        """From a checkpoint (iteration, attrs, arrays), else from the seeded initial Theta."""
+        engine, store, params = self.engine, self.store, self.params
+        if found is None:
+            return _State(0, [], engine.initial(store.n, params.factors, params.seed))
+        start, attrs, arrays = found
+        want = {"m": store.m, "n": store.n, "factors": params.factors}
+        got = {k: attrs.get(k) for k in want}
+        if got != want:
+            raise StoreError(
+                f"{self.checkpointer.directory}: the checkpoint is for {got}, this fit is "  # type: ignore[union-attr]
+                f"{want}; use another checkpoint_dir or resume=False"
+            )
+        theta = engine.from_host(arrays["item_factors"])
+        X = engine.from_host(arrays["user_factors"]) if start >= params.iterations else None
+        return _State(start, list(attrs.get("metrics", [])), theta, X, restore=start)
+
+    def _recover(self, lost: WorkerLost, state: _State, losses: int) -> _State:
+        """Re-place everything on the workers present; go back to this fit's last checkpoint."""
+        engine = self.engine
+        where = f" ({lost.what})" if lost.what else ""
+        gone = ", ".join(lost.lost) or "a worker"
+        back = f"checkpoint {state.restore}" if state.restore is not None else "the first iteration"
+        if losses > MAX_RECOVERIES:
+            raise WorkerLostError(
+                f"workers were lost {losses} times during this fit (last: {gone}{where}); "
+                "check the workers' logs (killed? out of memory?), then run again with "
+                "--resume (resume=True) to continue from the last checkpoint"
+            )
+        wanted = len(engine.place.workers)
+        workers = wait_for_workers(engine.client, wanted, REPLACE_S)
+        if not workers:
+            raise WorkerLostError(
+                f"worker {gone} was lost{where} and no worker is left after {REPLACE_S:.0f} s; "
+                "start workers, then run again with --resume (resume=True)"
+            )
+        warnings.warn(
+            f"worker {gone} was lost during iteration {state.done + 1}{where}; going on "
+            f"on {len(workers)} worker(s) from {back}",
+            CumfWarning,
+            stacklevel=2,
         )
-    return start, list(attrs.get("metrics", [])), engine.from_host(arrays["item_factors"])
+        client = engine.client
+        engine.recover(workers, has_compute_slots(client), read_threads(client, workers))
+        engine.prepare(self.params.factors)
+        if state.restore is None or self.checkpointer is None:
+            return self._start(None)
+        attrs, arrays = self.checkpointer.load(state.restore)
+        return self._start((state.restore, attrs, arrays))
+
+    # ------------------------------------------------------------------ the loop
+    def _iterate(self, state: _State) -> None:
+        """Run the iterations left, updating `state` after each one (for a recovery)."""
+        engine, store, params = self.engine, self.store, self.params
+        for it in range(state.done + 1, params.iterations + 1):
+            t0 = time.perf_counter()
+            X = self._half_step("x", state.theta, it, state)
+            state.theta.placed.clear()  # its copies on the workers are no longer needed
+            t1 = time.perf_counter()
+            theta = self._half_step("theta", X, it, state)
+            X.placed.clear()
+            t2 = time.perf_counter()
+            record: dict[str, Any] = {
+                "iteration": it,
+                "seconds": t2 - t0,
+                "x_seconds": t1 - t0,
+                "theta_seconds": t2 - t1,
+            }
+            if self.evaluate:
+                record["train_rmse"] = engine.rmse(X, theta, it, "train")
+                if store.has_test:
+                    record["test_rmse"] = engine.rmse(X, theta, it, "test")
+            record["elapsed"] = time.perf_counter() - self.began
+            metrics = [*state.metrics, record]
+            if self.checkpointer is not None:
+                Xd, Td = Session(engine, X, theta).factors_as_dask()
+                attrs = {**params.attrs(store), "metrics": metrics}
+                self.checkpointer.save(it, {"user_factors": Xd, "item_factors": Td}, attrs,
+                                       engine.watch.compute)  # fmt: skip
+                state.restore = it
+            state.done, state.metrics, state.theta, state.X = it, metrics, theta, X
+            for callback in self.callbacks:
+                callback(record)
+
+    def _half_step(self, side: str, fixed: Factor, it: int, state: _State) -> Factor:
+        """A half-step; NumericalError if the task that solved a piece found NaN or inf in it
+        (checked there, before anything is scored or checkpointed)."""
+        try:
+            return self.engine.half_step(side, fixed, it, self.progress)
+        except tasks.NonFiniteFactor as exc:
+            name, rows = ("X", "users") if side == "x" else ("Theta", "items")
+            stats = self.store.stats
+            top = max(abs(stats.get("min", 0.0)), abs(stats.get("max", 0.0)))
+            cause = (
+                f"the ratings reach {top:.3g}, far beyond a usual scale: rescale them (and "
+                "check the input for a wrong value)"
+                if top > 1e6
+                else "try a larger regularization (model.regularization), or check the "
+                "input for extreme ratings"
+            )
+            kept = (
+                f"; the last good checkpoint (iteration {state.restore}) is kept"
+                if self.checkpointer is not None and state.restore is not None
+                else ""
+            )
+            raise NumericalError(
+                f"iteration {it}: factor {name} became non-finite in update {name} (NaN or inf: "
+                f"{exc.count:,} values in one batch, the first in row {exc.row} of the {rows}); "
+                f"{cause}{kept}"
+            ) from None
+
+
+def _out_of_memory(
+    exc: Exception, engine: SUALSEngine, memory: int, baseline: int, plan_config: Any
+) -> Exception:
+    """A DeviceMemoryError for a worker out of memory, with a plan that fits what there is.
+
+    The failed plan's estimate was too low by at least (memory used at the failure) /
+    (estimate); the suggested plan gets the room there is for data (up to Dask's pause
+    threshold, less the process's own memory), divided by that factor and by 2 for margin.
+    """
+    fraction = _dask_fraction("pause", 0.8)
+    if isinstance(exc, DeviceMemoryError):  # a GPU (or CPU) allocation failed in a task
+        what, room = str(exc), _device_capacity(engine) or memory
+        used = room
+    elif isinstance(exc, WorkersPaused):
+        what = f"worker {exc.worker} ran out of memory ({exc.detail})"
+        room = int(fraction * memory) - baseline
+        used = room
+    else:  # WorkerLost, with the evidence that memory killed it
+        what = f"worker {', '.join(exc.lost)} was killed for memory: {exc.memory}"  # type: ignore[attr-defined]
+        room = int(fraction * memory) - baseline
+        used = int(_dask_fraction("terminate", 0.95) * memory) - baseline
+    plan = engine.plan
+    estimate = max(plan.x.peak, plan.theta.peak)
+    if plan.resident:
+        estimate += int(2 * plan.x.nnz * RATING_BYTES / plan.workers)
+    factor = max(used / max(estimate, 1), 1.0)
+    budget = int(room / factor / 2) if room > 0 else 0
+    return DeviceMemoryError(f"{what}; {suggest_plan(engine, memory, budget, plan_config)}")
+
+
+def _device_capacity(engine: SUALSEngine) -> int | None:
+    """The smallest device capacity of the workers (a GPU pool's limit, else its memory)."""
+    try:
+        found = engine.client.run(tasks.memory_capacity, engine.backend.partition("+")[0])
+        sizes = [int(v) for v in found.values() if v]
+    except Exception:
+        return None
+    return min(sizes) if sizes else None
+
+
+def _dask_fraction(name: str, default: float) -> float:
+    """distributed.worker.memory.<name> (pause, terminate) as a fraction of the limit."""
+    value = dask.config.get(f"distributed.worker.memory.{name}", default)
+    return float(value) if value else default
+
+
+def suggest_plan(
+    engine: SUALSEngine, memory: int, budget: int, plan_config: PlanConfig | None
+) -> str:
+    """'a plan that fits B per worker: ...; run again with --set plan.memory_budget=B'."""
+    store, plan = engine.store, engine.plan
+    config = plan_config or PlanConfig()
+    mb = f"{max(budget, 0) / 1e6:.1f}MB"
+    if budget < 1e6:
+        return (
+            f"the workers have (almost) no memory left for data after what their processes "
+            f"take (memory limit {memory / 1e6:.0f} MB): give them more memory "
+            "(cluster.memory_limit) or use fewer, larger workers"
+        )
+    try:
+        fits = make_plan(
+            store.m, store.n, store.nnz, plan.x.f, plan.workers, budget, store.counts("row"),
+            store.counts("col"), PlanConfig(memory_budget=str(budget), reduction=config.reduction,
+            groups=config.groups, headroom=config.headroom), plan.backend,
+        )  # fmt: skip
+    except PlanError:
+        return (
+            f"no plan fits {mb} per worker: give the workers more memory "
+            "(cluster.memory_limit), use more workers, or fewer factors"
+        )
+    return (
+        f"a plan that fits {mb} per worker is update X p={fits.x.p} q={fits.x.q}, update "
+        f"Theta p={fits.theta.p} q={fits.theta.q}"
+        f"{'' if fits.resident else ', R streamed from the store'}: run again with --set "
+        f"plan.memory_budget={mb} (Python: plan=PlanConfig(memory_budget='{mb}'))"
+    )

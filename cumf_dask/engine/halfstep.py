@@ -11,7 +11,9 @@ Update X (update Theta is the same with the roles swapped; the "col" orientation
   it. Weighted lambda is added once, in the solve, after the reduction.
 
 Where each task runs is :mod:`.placement`'s decision. All q batches are submitted at once,
-so loading or computing batch j+1 overlaps batch j on every worker.
+so loading or computing batch j+1 overlaps batch j on every worker. Every wait goes through
+:class:`~.watch.Watch` (a lost or memory-paused worker raises instead of hanging), and
+:meth:`SUALSEngine.recover` re-places everything on the workers present after a loss.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import uuid
 from typing import Any
 
 import numpy as np
-from distributed import Client, Future, as_completed
+from distributed import Client, Future
 
 from ..callbacks import Progress
 from ..data.store import RatingsStore
@@ -29,6 +31,7 @@ from . import tasks
 from .placement import Factor, Piece, Pinned, Placement
 from .plan import HalfStepPlan, Plan, balanced_bounds
 from .reduce import final_inputs, slice_bounds
+from .watch import Watch
 
 
 class SUALSEngine:
@@ -54,7 +57,21 @@ class SUALSEngine:
         self.run = uuid.uuid4().hex[:8]
         self.submit = Pinned(client, self.run, compute_slots)
         self.read_threads = read_threads or {}  # threads per worker for reading blocks
+        self.watch = Watch(client, workers)
         self._resident: dict[Any, Future] = {}  # blocks and counts loaded once
+
+    def recover(
+        self, workers: list[str], compute_slots: bool, read_threads: dict[str, int]
+    ) -> None:
+        """Start over on `workers` after a loss: new placement and task keys; the resident
+        blocks are dropped (the next half-step reloads them from the store where they now
+        belong). Factors on the workers are not kept: the caller restores them."""
+        self._resident.clear()  # dropped, which releases them (see watch.check)
+        self.read_threads = read_threads
+        self.place = Placement(workers)
+        self.run = uuid.uuid4().hex[:8]
+        self.submit = Pinned(self.client, self.run, compute_slots)
+        self.watch = Watch(self.client, workers)
 
     # ------------------------------------------------------------------ inputs on workers
     def _cached(self, key: Any, make: Any) -> Future:
@@ -171,13 +188,17 @@ class SUALSEngine:
         build = self._model_parallel if h.p == 1 else self._data_parallel
         pieces = build(h, fixed, it)
         stage = f"update {h.label}"
-        futures = [f for _, _, f in pieces]
-        for done, fut in enumerate(as_completed(futures, loop=self.client.loop), 1):
-            if fut.status == "error":
-                fut.result()  # raises the task's exception here, with its message
+        done = 0
+
+        def report(_: Future) -> None:
+            nonlocal done
+            done += 1
             if progress is not None:
                 progress(stage, done, len(pieces))
+
+        self.watch.wait([f for _, _, f in pieces], on_done=report)
         return Factor(h.n_rows, h.f, pieces)
+
 
     def _model_parallel(self, h: HalfStepPlan, fixed: Factor, it: int) -> list[Piece]:
         pieces: list[Piece] = []
@@ -224,7 +245,7 @@ class SUALSEngine:
                 )  # fmt: skip
                 fut = self.submit(
                     tasks.reduce_solve, self.counts(h, lo + a, lo + b, target), self.lam,
-                    h.f, self.backend, *inputs, key=f"reduce-solve-{tag}", worker=target,
+                    h.f, self.backend, lo + a, *inputs, key=f"reduce-solve-{tag}", worker=target,
                 )  # fmt: skip
                 pieces.append((lo + a, lo + b, fut))
         return pieces
@@ -246,7 +267,7 @@ class SUALSEngine:
                         key=f"error-{split}-batch{j}-part{i}-it{it}", worker=worker,
                     )
                 )
-        results = self.client.gather(futures)
+        results = self.watch.gather(futures)
         total = sum(r[0] for r in results)
         count = sum(r[1] for r in results)
         return float(np.sqrt(total / count)) if count else float("nan")

@@ -66,11 +66,33 @@ def assemble(lo: int, hi: int, backend: str, pieces: list[tuple[int, int, Any]])
     return be.xp.concatenate(parts, axis=0)
 
 
+class NonFiniteFactor(ArithmeticError):
+    """Raised on a worker when a solved factor piece holds NaN or inf: `count` values, the
+    first in global row `row` (the fit says which iteration and factor)."""
+
+    def __init__(self, count: int, row: int):
+        super().__init__(count, row)
+        self.count, self.row = count, row
+
+
+def finite(piece: Any, row0: int, backend: str) -> Any:
+    """`piece` (rows row0, row0 + 1, ...) if every value is finite, else NonFiniteFactor.
+
+    Checked in the task that solved the piece: no extra task or round trip per iteration.
+    """
+    xp = get_backend(backend).xp
+    good = xp.isfinite(piece)
+    if bool(good.all()):
+        return piece
+    bad_rows = ~good.all(axis=1)
+    raise NonFiniteFactor(int((~good).sum()), row0 + int(xp.argmax(bad_rows)))
+
+
 def update(block: Block, fixed: Any, counts: Any, lam: float, backend: str) -> Any:
     """p == 1: hermitian and solve of one batch, on the worker holding the whole fixed factor."""
     be = get_backend(backend)
     with out_of_memory_as(_on(block), _SMALLER):
-        return be.update(block, be.prepare_fixed(fixed), counts, lam)
+        return finite(be.update(block, be.prepare_fixed(fixed), counts, lam), block.row0, backend)
 
 
 def hermitian_slices(
@@ -94,11 +116,13 @@ def sum_partials(*partials: tuple[Any, Any]) -> tuple[Any, Any]:
     return A, B
 
 
-def reduce_solve(counts: Any, lam: float, f: int, backend: str, *partials: tuple[Any, Any]) -> Any:
-    """Final reduction of one slice, then the weighted-lambda solve."""
+def reduce_solve(
+    counts: Any, lam: float, f: int, backend: str, row0: int, *partials: tuple[Any, Any]
+) -> Any:
+    """Final reduction of one slice (its first row is row0), then the weighted-lambda solve."""
     be = get_backend(backend)
     A, B = sum_partials(*partials)
-    return be.solve(be.unpack(A, f), B, counts, lam)
+    return finite(be.solve(be.unpack(A, f), B, counts, lam), row0, backend)
 
 
 def block_squared_error(block: Block, x_rows: Any, fixed: Any, backend: str) -> tuple[float, int]:
@@ -119,6 +143,11 @@ def recommend_batch(
     seen = be.block_to_device(store.rows_block(users)) if store is not None else None
     idx, score = be.topk(be.asarray(x_rows), be.asarray(theta), k, seen)
     return be.to_host(idx), be.to_host(score)
+
+
+def memory_capacity(backend: str) -> int | None:
+    """What the worker's device may allocate (None on the CPU: its memory limit says it)."""
+    return get_backend(backend).memory_capacity()
 
 
 def filler(nbytes: int, backend: str) -> Any:

@@ -1,0 +1,225 @@
+"""Writer locks and owner records: one writer per store, model or checkpoint folder.
+
+A lock is a file beside its target (``<target>.lock``) created with ``O_CREAT | O_EXCL``,
+which is atomic on local file systems (and NFS v3+). It holds its owner: pid, host, process
+start time, command line and a random token. A second writer finds the file and gets one
+:class:`~cumf_dask.errors.StoreError` at once, naming the owner. A lock left by a process
+that died (same host, pid gone or reused since) is stale and taken over; one from another
+host cannot be checked from here, and the message says how to remove it.
+
+Locks exclude processes: a process may take a lock it already holds again (re-entrant), so a
+pipeline can hold a folder's lock while the fit it runs takes the same lock. Remote (fsspec
+URL) targets are not locked: object stores have no exclusive create that works everywhere.
+
+The same owner records mark temporary folders (ingest's spill folders) so that the next run
+can tell a dead run's leftovers from a live run's files (:func:`owner_is_dead`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+from .errors import CumfWarning, StoreError
+from .paths import check_writable, is_url, normalize_url
+
+_TOKEN = uuid.uuid4().hex  # this process's token (a forked child gets a new pid, not a token)
+_HELD: dict[str, int] = {}  # lock path -> times this process took it
+_GUARD_STALE_S = 30.0  # a take-over guard older than this was left by a dead process
+
+
+def owner_record() -> dict[str, Any]:
+    """Who this process is: pid, host, start time, command line, token."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": _process_start(os.getpid()),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:200] if sys.argv else "",
+        "token": _TOKEN,
+        "time": time.time(),
+    }
+
+
+def _process_start(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return float(psutil.Process(pid).create_time())
+    except Exception:
+        return None
+
+
+def owner_is_dead(owner: dict[str, Any]) -> bool:
+    """True only when the owner ran on this host and its process is gone (or the pid now
+    belongs to a process started after the owner wrote its record)."""
+    if owner.get("host") != socket.gethostname():
+        return False
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    started, now = owner.get("started"), _process_start(pid)
+    return started is not None and now is not None and abs(now - started) > 1.0
+
+
+def read_owner(path: Path) -> dict[str, Any] | None:
+    """The owner record in a lock or owner file; None if it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _ours(owner: dict[str, Any]) -> bool:
+    return owner.get("token") == _TOKEN and owner.get("pid") == os.getpid()
+
+
+def lock_path(target: str | os.PathLike[str]) -> Path:
+    """The lock file of a target: ``<target>.lock`` beside it."""
+    text = normalize_url(target)
+    return Path(f"{text}.lock")
+
+
+class WriterLock:
+    """``with WriterLock(target, "the rating store"):`` one writer of `target` at a time.
+
+    `path` overrides where the lock file goes (default :func:`lock_path`). Nothing is locked
+    for a URL target.
+    """
+
+    def __init__(self, target: str | os.PathLike[str], what: str, path: Path | None = None):
+        self.target = normalize_url(target)
+        self.what = what
+        self.path = None if is_url(self.target) else (path or lock_path(self.target))
+        self.beside = path is None  # the lock file lives beside the target
+        self.held = False
+
+    def __enter__(self) -> WriterLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def acquire(self) -> WriterLock:
+        if self.path is None or self.held:
+            return self
+        key = str(self.path.absolute())
+        if _HELD.get(key):
+            _HELD[key] += 1
+            self.held = True
+            return self
+        if self.beside:
+            check_writable(self.target, self.what)
+        else:
+            check_writable(self.path.parent, self.what, folder=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            if self._create():
+                _HELD[key] = 1
+                self.held = True
+                return self
+            owner = read_owner(self.path)
+            if owner is None:  # being written this instant, or emptied: look again
+                time.sleep(0.05)
+                owner = read_owner(self.path)
+            if owner is not None and owner_is_dead(owner):
+                self._take_over(owner)
+                continue
+            if owner is not None and _ours(owner):
+                # ours, from a lock object that was not released (an interrupted `with`)
+                _HELD[key] = 1
+                self.held = True
+                return self
+            raise StoreError(self._busy(owner))
+        raise StoreError(self._busy(read_owner(self.path)))
+
+    def release(self) -> None:
+        if self.path is None or not self.held:
+            return
+        self.held = False
+        key = str(self.path.absolute())
+        _HELD[key] = _HELD.get(key, 1) - 1
+        if _HELD[key] > 0:
+            return
+        del _HELD[key]
+        owner = read_owner(self.path)
+        if owner is not None and _ours(owner):
+            self.path.unlink(missing_ok=True)
+
+    def _create(self) -> bool:
+        path = Path(str(self.path))
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise StoreError(
+                f"cannot write {self.what} at {self.target}: cannot create its lock file "
+                f"{path} ({exc.strerror}); choose a writable location"
+            ) from None
+        with os.fdopen(fd, "w") as fh:
+            json.dump(owner_record(), fh)
+        return True
+
+    def _take_over(self, stale: dict[str, Any]) -> None:
+        """Remove a dead owner's lock, unless someone else took it over first."""
+        path = Path(str(self.path))
+        guard = Path(f"{path}.takeover")
+        try:
+            if time.time() - guard.stat().st_mtime > _GUARD_STALE_S:
+                guard.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass
+        try:
+            fd = os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return  # another process is taking it over: the next attempt sees its lock
+        os.close(fd)
+        try:
+            if read_owner(path) == stale:
+                path.unlink(missing_ok=True)
+                warnings.warn(
+                    f"{self.target}: took over the lock left by pid {stale.get('pid')} "
+                    f"({stale.get('command') or 'cumf-dask'}), which is no longer running",
+                    CumfWarning,
+                    stacklevel=4,
+                )
+        finally:
+            guard.unlink(missing_ok=True)
+
+    def _busy(self, owner: dict[str, Any] | None) -> str:
+        if owner is None:
+            return (
+                f"{self.target}: {self.what} is locked by another writer ({self.path} exists "
+                f"but names no owner); if no cumf-dask process writes it, delete {self.path} "
+                "and run again"
+            )
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner.get("time", 0)))
+        who = f"pid {owner.get('pid')} on {owner.get('host')}, since {since}" + (
+            f": `{owner['command']}`" if owner.get("command") else ""
+        )
+        here = owner.get("host") == socket.gethostname()
+        stale = (
+            f"if pid {owner.get('pid')} is not a cumf-dask process any more"
+            if here
+            else f"if no cumf-dask process runs on {owner.get('host')}"
+        )
+        return (
+            f"{self.target}: {self.what} is being written by another cumf-dask process ({who}); "
+            f"wait for it to finish or write elsewhere ({stale}, the lock is stale: delete "
+            f"{self.path} and run again)"
+        )

@@ -1,0 +1,487 @@
+"""Faults that must never give a wrong model, a hang or a traceback (issue 12), in process:
+damaged checkpoints and models, non-finite factors, rating scales, writer locks, k, a full
+disk, unwritable outputs, binary input and leftovers. Each asserts the exact outcome: the
+same model as an uninterrupted run, or the exact error and exit code.
+
+Worker loss and memory limits need real worker processes: tests/test_worker_loss.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import zarr
+from conftest import random_ratings
+
+from cumf_dask import checkpoint as ck
+from cumf_dask import paths
+from cumf_dask.backend.numpy_backend import NumpyBackend
+from cumf_dask.cli import main
+from cumf_dask.config import PlanConfig, load_config
+from cumf_dask.data import spill
+from cumf_dask.data.bands import init_store
+from cumf_dask.data.ingest import ingest_arrays
+from cumf_dask.data.planted import PlantedModel
+from cumf_dask.data.spill import build_store
+from cumf_dask.data.store import RatingsStore
+from cumf_dask.data.synthetic import generate
+from cumf_dask.errors import (
+    ConfigError,
+    CumfWarning,
+    IngestError,
+    NumericalError,
+    StoreError,
+)
+from cumf_dask.evaluate import ranking_metrics
+from cumf_dask.model import ALS
+from cumf_dask.pipeline import train
+
+M, N = 60, 30
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """`cumf-dask ARGS` in this process: (exit code, stdout, stderr)."""
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, " ".join(err.split())  # rich wraps long lines: compare unwrapped
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    rows, cols, vals = random_ratings(M, N, 0.25, seed=5)
+    path = tmp_path_factory.mktemp("faults") / "r.zarr"
+    return build_store(str(path), rows, cols, vals, shape=(M, N), test_fraction=0.2, split_seed=1)
+
+
+@pytest.fixture(scope="module")
+def reference(store, clients):
+    """An uninterrupted 3-iteration fit: (X, Theta)."""
+    model = ALS(3, 0.05, 3, backend="numpy", plan=PlanConfig(p=1, q=1))
+    model.fit(store, client=clients(2))
+    return model.user_factors_, model.item_factors_
+
+
+def same(model, reference) -> None:
+    np.testing.assert_allclose(model.user_factors_, reference[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.item_factors_, reference[1], rtol=1e-5, atol=1e-6)
+
+
+def fitted(store, f=3, seed=0) -> ALS:
+    """A model with random factors (no cluster needed to test files and recommend)."""
+    rng = np.random.default_rng(seed)
+    model = ALS(f, 0.05, 1, backend="numpy")
+    model.user_factors_ = rng.standard_normal((store.m, f)).astype(np.float32)
+    model.item_factors_ = rng.standard_normal((store.n, f)).astype(np.float32)
+    model.shape_, model.metrics_, model._store = (store.m, store.n), [], store
+    return model
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def owner(pid: int, host: str | None = None) -> dict:
+    started = psutil.Process(pid).create_time() if psutil.pid_exists(pid) else None
+    return {"pid": pid, "host": host or socket.gethostname(), "started": started,
+            "command": "cumf-dask ingest x.csv", "token": "other", "time": time.time()}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def damage(path: Path, how: str) -> None:
+    """Break a saved model or checkpoint the ways disks and people do."""
+    chunk = path / "user_factors" / "c" / "0" / "0"
+    if how == "deleted chunk":
+        chunk.unlink()
+    elif how == "truncated chunk":
+        chunk.write_bytes(chunk.read_bytes()[:20])
+    elif how == "flipped bytes":
+        data = bytearray(chunk.read_bytes())
+        for i in range(len(data) // 2, len(data) // 2 + 4):
+            data[i] ^= 0xFF
+        chunk.write_bytes(bytes(data))
+    elif how == "deleted array metadata":
+        (path / "item_factors" / "zarr.json").unlink()
+    elif how == "deleted group metadata":
+        (path / "zarr.json").unlink()
+
+
+DAMAGE = {
+    "deleted chunk": "chunk file user_factors/c/0/0 is missing (Zarr would read it as zeros)",
+    "truncated chunk": "chunk user_factors/c/0/0 cannot be decoded",
+    "flipped bytes": "chunk user_factors/c/0/0",  # ... does not match its checksum, or undecodable
+    "deleted array metadata": "array 'item_factors' is missing (item_factors/zarr.json deleted?)",
+    "deleted group metadata": "its zarr.json (the group's metadata) is missing",
+}
+
+
+@pytest.mark.parametrize("how", list(DAMAGE))
+def test_damaged_model_is_one_clear_error(store, tmp_path, capsys, how):
+    path = tmp_path / "m.zarr"
+    fitted(store).save(path)
+    damage(path, how)
+    with pytest.raises(StoreError, match="damaged model") as err:
+        ALS.load(path)
+    assert DAMAGE[how] in str(err.value) and "cumf-dask train CONFIG --resume" in str(err.value)
+    code, out, text = cli(capsys, "recommend", path, "--user", "1", "--json")
+    assert code == 3 and json.loads(out)["exit_code"] == 3
+    assert f"error: {path}: damaged model: {DAMAGE[how]}" in text
+
+
+def test_digests_are_written_and_checked(store, tmp_path):
+    model = fitted(store)
+    model.save(tmp_path / "m.zarr")
+    attrs = dict(zarr.open_group(str(tmp_path / "m.zarr"), mode="r").attrs)
+    assert attrs["digest"] == "crc32" and attrs["version"] == ck.MODEL_VERSION
+    assert attrs["digests"]["user_factors"] == ck.digests(model.user_factors_)
+    np.testing.assert_array_equal(ALS.load(tmp_path / "m.zarr").user_factors_,
+                                  model.user_factors_)  # fmt: skip
+
+
+def test_damaged_newest_checkpoint_falls_back_and_resume_matches(store, client2, tmp_path,
+                                                                 reference):  # fmt: skip
+    ckpt = tmp_path / "ckpt"
+    ALS(3, 0.05, 2, backend="numpy", plan=PlanConfig(p=1, q=1), checkpoint_dir=str(ckpt)).fit(
+        store, client=client2
+    )
+    damage(ckpt / "iter-00002", "deleted chunk")
+    resumed = ALS(3, 0.05, 3, backend="numpy", plan=PlanConfig(p=1, q=1), checkpoint_dir=str(ckpt))
+    with pytest.warns(CumfWarning, match=r"skipped 1 damaged checkpoint\(s\), resuming from "
+                      r"iter-00001: .*iter-00002: damaged checkpoint: chunk file"):  # fmt: skip
+        resumed.fit(store, client=client2, resume=True)
+    assert [r["iteration"] for r in resumed.metrics_] == [1, 2, 3]
+    same(resumed, reference)
+    damage(ckpt / "iter-00003", "truncated chunk")
+    damage(ckpt / "iter-00002", "deleted group metadata")
+    with pytest.raises(StoreError, match="no intact checkpoint to resume from"):
+        ck.Checkpointer(ckpt).latest()
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy says so, on the workers
+def test_extreme_rating_stops_with_non_finite_factors(tmp_path, client2, monkeypatch):
+    rows, cols, vals = random_ratings(40, 20, 0.3, seed=2)
+    vals[3] = 1e30
+    with pytest.raises(IngestError, match=r"rating at record 3 is 1e\+30: .* within \+-1e\+09"):
+        build_store(str(tmp_path / "a.zarr"), rows, cols, vals, shape=(40, 20))
+    monkeypatch.setattr(spill, "MAX_RATING", float("inf"))  # a store made some other way
+    bad = build_store(str(tmp_path / "b.zarr"), rows, cols, vals, shape=(40, 20))
+    with pytest.raises(NumericalError, match=r"iteration 1: factor (X|Theta) became non-finite in "
+                       r"update (X|Theta) \(NaN or inf: [\d,]+ values in one batch, the first in "
+                       r"row \d+ of the (users|items)\); the ratings reach 1e\+30, far beyond a "
+                       "usual scale: rescale them"):  # fmt: skip
+        ALS(3, 0.05, 2, backend="numpy", checkpoint_dir=str(tmp_path / "c")).fit(
+            bad, client=client2
+        )
+    assert not (tmp_path / "c" / "LATEST").exists()  # no checkpoint of NaN factors
+
+
+_UPDATES = {"calls": 0, "real": NumpyBackend.update}
+
+
+def _update_nan_third(self, *args):
+    """NumpyBackend.update, NaN in row 7 on its third call (iteration 2's update X with p = q =
+    1). In-process workers run it (tasks are pickled by reference: one shared counter)."""
+    _UPDATES["calls"] += 1
+    out = _UPDATES["real"](self, *args)
+    if _UPDATES["calls"] == 3:
+        out[7:9, 1] = np.nan
+    return out
+
+
+def test_non_finite_factors_keep_the_last_good_checkpoint(store, client2, tmp_path, monkeypatch,
+                                                          reference):  # fmt: skip
+    monkeypatch.setitem(_UPDATES, "calls", 0)
+    monkeypatch.setattr(NumpyBackend, "update", _update_nan_third)
+    ckpt = str(tmp_path / "ckpt")
+    als = ALS(3, 0.05, 3, backend="numpy", plan=PlanConfig(p=1, q=1), checkpoint_dir=ckpt)
+    with pytest.raises(NumericalError) as err:
+        als.fit(store, client=client2)
+    assert str(err.value) == (
+        "iteration 2: factor X became non-finite in update X (NaN or inf: 2 values in one batch, "
+        "the first in row 7 of the users); try a larger regularization (model.regularization), "
+        "or check the input for extreme ratings; the last good checkpoint (iteration 1) is kept"
+    )
+    assert (tmp_path / "ckpt" / "LATEST").read_text().strip() == "iter-00001"
+    monkeypatch.setattr(NumpyBackend, "update", _UPDATES["real"])
+    als.fit(store, client=client2, resume=True)
+    same(als, reference)
+
+
+def test_rating_scale(tmp_path, capsys):
+    (tmp_path / "r.csv").write_text("u,i,r\na,x,1\nb,y,5\nc,z,7\n")
+    code, _, err = cli(capsys, "ingest", tmp_path / "r.csv", "-o", tmp_path / "s.zarr",
+                       "--rating-min", "1", "--rating-max", "5")  # fmt: skip
+    assert code == 3
+    assert (
+        f"error: {tmp_path}/r.csv, line 4: rating '7' is outside the declared scale [1, 5]; "
+        "fix or remove it, or declare a wider scale (--rating-min/--rating-max)"
+    ) in err
+    assert not (tmp_path / "s.zarr").exists() and not (tmp_path / "s.zarr.lock").exists()
+    code, _, _ = cli(capsys, "ingest", tmp_path / "r.csv", "-o", tmp_path / "s.zarr",
+                     "--rating-min", "1", "--rating-max", "10")  # fmt: skip
+    assert code == 0 and RatingsStore.open(tmp_path / "s.zarr").source["rating_max"] == 10
+    (tmp_path / "big.csv").write_text("a,x,1\nb,y,1e30\n")
+    code, _, err = cli(capsys, "ingest", tmp_path / "big.csv", "-o", tmp_path / "t.zarr")
+    assert code == 3 and (f"{tmp_path}/big.csv, line 2: rating '1e30' is beyond +-1e+09, the "
+                          "largest magnitude cumf-dask accepts") in err  # fmt: skip
+    with pytest.raises(IngestError, match="record 1: rating 0.5 is outside the declared scale "
+                       r"\[1, inf\]"):  # fmt: skip
+        ingest_arrays(tmp_path / "u.zarr", [1, 2], [1, 2], [3.0, 0.5], rating_min=1)
+    with pytest.raises(ConfigError, match=r"'rating_min' \(5.0\) must be below 'rating_max' \(1\)"):
+        ingest_arrays(tmp_path / "u.zarr", [1], [1], [3.0], rating_min=5.0, rating_max=1)
+    with pytest.raises(ConfigError, match=r"data\.ingest\.rating_min"):
+        load_config(overrides=["data.ingest.rating_min=5", "data.ingest.rating_max=1"])
+
+
+# ----------------------------------------------------------------------------- k
+
+
+@pytest.fixture(scope="module")
+def greedy(tmp_path_factory):
+    """A store where user 0 rated all but 2 of the 6 items."""
+    rows = np.array([0, 0, 0, 0, 1, 2, 3, 3])
+    cols = np.array([0, 1, 2, 3, 4, 5, 0, 4])
+    vals = np.array([1, 2, 3, 4, 5, 1, 2, 3], np.float32)
+    path = tmp_path_factory.mktemp("greedy") / "g.zarr"
+    return build_store(str(path), rows, cols, vals, shape=(4, 6), test_fraction=0.3, split_seed=7)
+
+
+def test_k_in_the_api(greedy):
+    model = fitted(greedy, seed=3)
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ConfigError, match="'k' must be"):
+            model.recommend([0], k=bad)
+    with pytest.warns(CumfWarning, match="k=10 is more than the 6 items: returning 6 per user"):
+        top, scores = model.recommend([0, 2], k=10)
+    assert top.shape == scores.shape == (2, 6)
+    seen = set(greedy.read_coo("row", (0, 1))[1].tolist())
+    left = 6 - len(seen)
+    assert set(top[0, :left].tolist()) == set(range(6)) - seen
+    assert (top[0, left:] == -1).all() and np.isnan(scores[0, left:]).all()
+    assert not np.isinf(scores).any() and np.isfinite(scores[0, :left]).all()
+    metrics = ranking_metrics(model, greedy, k=50)
+    assert metrics["k"] == 6 and "precision@6" in metrics
+    assert all(np.isfinite(v) for v in metrics.values())
+    with pytest.raises(ConfigError, match="'k' must be >= 1"):
+        ranking_metrics(model, greedy, k=0)
+
+
+def test_k_in_the_cli(greedy, tmp_path, capsys):
+    model = tmp_path / "g-model.zarr"
+    fitted(greedy, seed=3).save(model)
+    code, _, err = cli(capsys, "recommend", model, "--user", "0", "-k", "0")
+    assert code == 2 and "error: -k must be at least 1, got 0" in err
+    code, out, err = cli(capsys, "recommend", model, "--user", "0", "-k", "100", "--json")
+    seen = len(greedy.read_coo("row", (0, 1))[1])
+    assert code == 0 and "Infinity" not in out and "NaN" not in out
+    assert len(json.loads(out)["items"]) == 6 - seen
+    assert f"k=100: only {6 - seen} of the 6 items are ones the user has not rated" in err
+    code, out, err = cli(capsys, "evaluate", model, greedy.url, "-k", "100", "--json")
+    result = json.loads(out)
+    assert code == 0 and "NaN" not in out and result["k"] == 6 and "ndcg@6" in result
+    assert "k=100 is more than the 6 items: ranking metrics at k=6" in err
+    assert cli(capsys, "evaluate", model, greedy.url, "-k", "-3")[0] == 2
+
+
+# ----------------------------------------------------------------------------- writers
+
+
+def test_a_second_writer_of_a_store_fails_at_once(tmp_path, capsys):
+    (tmp_path / "r.csv").write_text("a,x,1\nb,y,2\n")
+    target = tmp_path / "s.zarr"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from cumf_dask.locks import WriterLock; "
+         "WriterLock(sys.argv[1], 'the rating store').acquire(); print('held', flush=True); "
+         "time.sleep(60)", str(target)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.perf_counter()
+        code, _, err = cli(capsys, "ingest", tmp_path / "r.csv", "-o", target)
+        assert code == 3 and time.perf_counter() - started < 5
+        assert (f"error: {target}: the rating store is being written by another cumf-dask "
+                f"process (pid {holder.pid} on {socket.gethostname()}") in err  # fmt: skip
+        assert f"the lock is stale: delete {target}.lock and run again" in err
+        with pytest.raises(StoreError, match="being written by another cumf-dask process"):
+            generate(target, PlantedModel.create(m=20, n=10, nnz=60))
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder died with its lock on disk: the next writer takes it over
+    code, _, err = cli(capsys, "ingest", tmp_path / "r.csv", "-o", target)
+    assert code == 0 and f"took over the lock left by pid {holder.pid}" in err
+    assert not Path(f"{target}.lock").exists()
+
+
+def test_locks_of_other_hosts_and_of_models_and_checkpoints(store, client2, tmp_path):
+    target = tmp_path / "s.zarr"
+    Path(f"{target}.lock").write_text(json.dumps(owner(12345, host="elsewhere")))
+    with pytest.raises(StoreError, match=r"pid 12345 on elsewhere.*if no cumf-dask process runs "
+                       rf"on elsewhere, the lock is stale: delete {target}.lock"):  # fmt: skip
+        ingest_arrays(target, [1], [2], [3.0])
+    live = owner(os.getppid())  # another live process on this host
+    Path(tmp_path / "m.zarr.lock").write_text(json.dumps(live))
+    with pytest.raises(StoreError, match="the model is being written by another"):
+        fitted(store).save(tmp_path / "m.zarr")
+    Path(tmp_path / "ckpt.lock").write_text(json.dumps(live))
+    started = time.perf_counter()
+    with pytest.raises(StoreError, match="the checkpoint folder is being written by another"):
+        ALS(3, 0.05, 2, backend="numpy", checkpoint_dir=str(tmp_path / "ckpt")).fit(
+            store, client=client2
+        )
+    assert time.perf_counter() - started < 2 and not (tmp_path / "ckpt").exists()
+
+
+# ----------------------------------------------------------------------------- disk and files
+
+
+def test_disk_full_while_checkpointing(store, client2, tmp_path, monkeypatch, reference):
+    real = zarr.storage.LocalStore.set
+
+    async def full(self, key, value):
+        if "iter-00002" in str(self.root):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return await real(self, key, value)
+
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", full)
+    ckpt = tmp_path / "ckpt"
+    als = ALS(3, 0.05, 3, backend="numpy", plan=PlanConfig(p=1, q=1), checkpoint_dir=str(ckpt))
+    with pytest.raises(StoreError) as err:
+        als.fit(store, client=client2)
+    assert str(err.value).startswith(
+        f"{ckpt}: disk full while writing checkpoint iter-00002 (it needs about 0.0 MB, "
+    )
+    assert str(err.value).endswith(
+        "free); free some space there, then run again with --resume (resume=True): checkpoint "
+        "iter-00001 is intact"
+    )
+    assert sorted(p.name for p in ckpt.iterdir()) == ["LATEST", "iter-00001"]
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", real)
+    als.fit(store, client=client2, resume=True)
+    same(als, reference)
+
+
+def test_unwritable_outputs_are_refused_before_reading(tmp_path, capsys, store, monkeypatch):
+    (tmp_path / "file").write_text("not a folder")
+    (tmp_path / "garbage.csv").write_bytes(os.urandom(4096))  # would fail if it were read
+    code, _, err = cli(capsys, "ingest", tmp_path / "garbage.csv", "-o", tmp_path / "file/s.zarr")
+    assert (
+        code == 3
+        and (
+            f"error: cannot write the rating store at {tmp_path}/file/s.zarr: "
+            f"{tmp_path}/file is a file, not a folder; choose another path"
+        )
+        in err
+    )
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    readonly.chmod(0o555)  # root writes anyway: make the check see it as read-only
+    real = paths._can_create
+    monkeypatch.setattr(paths, "_can_create", lambda p: p != readonly and real(p))
+    code, _, err = cli(capsys, "generate", "--m", "20", "--n", "10", "--nnz", "50", "-o",
+                       readonly / "g.zarr")  # fmt: skip
+    assert code == 3 and (f"the folder {readonly} is not writable (read-only or no permission)"
+                          in err)  # fmt: skip
+    with pytest.raises(StoreError, match=r"cannot write the model at .*file/m\.zarr"):
+        fitted(store).save(tmp_path / "file" / "m.zarr")
+    config = load_config(data={"data": {"source": "ingest", "store": str(tmp_path / "n.zarr"),
+                                        "ingest": {"path": str(tmp_path / "garbage.csv")}},
+                               "output": {"dir": str(tmp_path / "file" / "runs")}})  # fmt: skip
+    started = time.perf_counter()
+    with pytest.raises(StoreError, match=r"cannot write the run folder at .*file/runs: .*file is "
+                       "a file, not a folder"):  # fmt: skip
+        train(config, log=lambda _: None)  # no cluster is started, nothing is read
+    assert time.perf_counter() - started < 1 and not (tmp_path / "n.zarr").exists()
+
+
+@pytest.mark.parametrize(
+    ("data", "looks"),
+    [
+        (gzip.compress(b"1,2,3\n" * 50), "it looks like gzip-compressed data; name it .gz"),
+        (os.urandom(3000), "it holds binary data (NUL or control bytes)"),
+        (b"PAR1" + os.urandom(100), "it looks like a Parquet file; use --format parquet"),
+        ("zip", "it looks like a zip archive"),
+    ],
+    ids=["gzip", "random-bytes", "parquet", "zip"],
+)
+def test_binary_input_is_not_a_text_file(tmp_path, capsys, data, looks):
+    path = tmp_path / "ratings.dat"
+    if data == "zip":
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("ratings.csv", "1,2,3\n")
+    else:
+        path.write_bytes(data)
+    code, _, err = cli(capsys, "ingest", path, "--format", "movielens-1m", "-o", tmp_path / "s")
+    assert code == 3 and f"error: {path}: not a text file: {looks}" in err
+    assert "delimiter" not in err
+
+
+def test_leftovers_of_killed_runs_are_removed(tmp_path, capsys):
+    spills = tmp_path / "tmp"
+    spills.mkdir()
+    dead = spill.new_spill_dir(str(spills))
+    (dead / spill.OWNER).write_text(json.dumps(owner(dead_pid())))
+    (dead / "row-0.val").write_bytes(b"x" * 2_000_000)
+    alive = spill.new_spill_dir(str(spills))  # this process's: must stay
+    with pytest.warns(CumfWarning, match=rf"removed 1 spill folder\(s\) of interrupted ingests "
+                      rf"in {spills} \(2.0 MB\): {dead.name}"):  # fmt: skip
+        build_store(str(tmp_path / "a.zarr"), [0, 1], [1, 0], [1.0, 2.0], spill_dir=str(spills))
+    assert not dead.exists() and alive.exists()
+    # a killed generate: its <store>.partial and its stale lock
+    target = tmp_path / "g.zarr"
+    init_store(f"{target}.partial", 20, 10, 8, 8, overwrite=True)
+    Path(f"{target}.lock").write_text(json.dumps(owner(dead_pid())))
+    code, _, err = cli(capsys, "generate", "--m", "20", "--n", "10", "--nnz", "50", "-o", target)
+    assert code == 0 and f"warning: removed what an interrupted build of {target} left: " \
+        f"{target}.partial (" in err and "took over the lock" in err  # fmt: skip
+    assert not Path(f"{target}.partial").exists() and RatingsStore.open(target).m == 20
+
+
+# ----------------------------------------------------------------------------- the final model
+
+
+def test_resume_restores_a_final_model_cut_short(store, client2, tmp_path):
+    config = load_config(data={
+        "data": {"source": "store", "store": store.url},
+        "model": {"factors": 3, "iterations": 2},
+        "plan": {"p": 1, "q": 1},
+        "output": {"dir": str(tmp_path / "runs"), "name": "cut"},
+    })  # fmt: skip
+    first = train(config, client=client2, log=lambda _: None)
+    reference = ALS.load(first.run.model)
+    for cut in ("missing", "no metadata"):
+        if cut == "missing":  # killed between the rename of the old model and the new one
+            shutil.rmtree(first.run.model)
+            (first.run.path / ".tmp-model.zarr-0badf00d").mkdir()
+        else:  # killed while a partial model.zarr was being written in place
+            (first.run.model / "zarr.json").unlink()
+        logs: list[str] = []
+        again = train(config, resume=True, client=client2, log=logs.append)
+        assert again.run.path == first.run.path
+        restored = ALS.load(first.run.model)
+        np.testing.assert_array_equal(restored.user_factors_, reference.user_factors_)
+        np.testing.assert_array_equal(restored.item_factors_, reference.item_factors_)
+        assert not list(first.run.path.glob(".tmp-*"))
+        assert (cut == "no metadata") == any("removed the incomplete or damaged" in x for x in logs)
+    lines = (first.run.path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["iteration"] for x in lines] == [1, 2]

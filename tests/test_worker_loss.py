@@ -1,0 +1,211 @@
+"""Worker loss and memory limits on real worker processes (issue 12): a SIGKILLed worker is
+replaced by its nanny under a new address and the fit goes on, giving the same model (a
+configured job, as `cumf-dask train` runs it, and ALS.fit given the client); a worker
+restarted or paused for memory ends the fit with DeviceMemoryError (CLI exit 4) in bounded
+time, never a hang.
+
+The cluster is the one `cumf-dask train` starts (cumf_dask.engine.cluster.make_client: a
+LocalCluster of worker processes under nannies, with the compute resource), shared by the
+module's tests (starting one takes seconds); each test leaves it as it found it. GPU
+versions at the end (skipped without CUDA).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from conftest import HAS_CUDA, random_ratings, rel_err
+from reference import reference_als
+
+from cumf_dask.config import ClusterConfig, load_config
+from cumf_dask.data.spill import build_store
+from cumf_dask.engine import watch
+from cumf_dask.engine.cluster import cluster_client, wait_for_workers
+from cumf_dask.errors import CumfWarning, DeviceMemoryError
+from cumf_dask.factors import init_factor
+from cumf_dask.model import ALS
+from cumf_dask.pipeline import train
+
+pytestmark = [pytest.mark.cluster]
+M, N, F, LAM = 80, 50, 4, 0.05
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    rows, cols, vals = random_ratings(M, N, 0.15, seed=8)
+    store = build_store(str(tmp_path_factory.mktemp("loss") / "r.zarr"), rows, cols, vals,
+                        shape=(M, N))  # fmt: skip
+    return store, (rows, cols, vals)
+
+
+def reference(data, iterations):
+    rows, cols, vals = data[1]
+    return reference_als(rows, cols, vals, (M, N), init_factor(N, F, 0), LAM, iterations)
+
+
+@pytest.fixture(scope="module")
+def procs():
+    """cumf-dask's own cluster: two worker processes, each under a nanny (in this process)."""
+    config = ClusterConfig(backend="numpy", n_workers=2, memory_limit="1GB",
+                           dashboard_address=None)  # fmt: skip
+    with cluster_client(config) as client:
+        yield client
+
+
+def test_killed_worker_is_replaced_and_the_fit_goes_on(procs, data):
+    pids = procs.run(os.getpid)
+    victim = sorted(pids)[0]
+    killed: list[str] = []
+
+    def kill_after_first_iteration(record):
+        if not killed:
+            killed.append(victim)
+            os.kill(pids[victim], signal.SIGKILL)
+
+    started = time.perf_counter()
+    with pytest.warns(CumfWarning, match=rf"worker {victim} was lost during iteration 2; going "
+                      r"on on 2 worker\(s\) from the first iteration"):  # fmt: skip
+        model = ALS(F, LAM, 3, backend="numpy", callbacks=[kill_after_first_iteration]).fit(
+            data[0], client=procs
+        )
+    assert time.perf_counter() - started < 60
+    X, T = reference(data, 3)
+    assert rel_err(model.user_factors_, X) < 1e-4 and rel_err(model.item_factors_, T) < 1e-4
+    assert [r["iteration"] for r in model.metrics_] == [1, 2, 3]
+    assert len(wait_for_workers(procs, 2, 30)) == 2
+
+
+def test_killed_worker_in_a_configured_job_goes_on_from_its_checkpoint(data, tmp_path, procs):
+    """pipeline.train, as `cumf-dask train` runs it: the fit goes on from checkpoint 1."""
+    config = load_config(data={
+        "data": {"source": "store", "store": data[0].url},
+        "model": {"factors": F, "regularization": LAM, "iterations": 3},
+        "output": {"dir": str(tmp_path / "runs"), "name": "loss"},
+    })  # fmt: skip
+    pids = procs.run(os.getpid)
+    killed: list[int] = []
+
+    def kill_a_worker(record):
+        if not killed:
+            killed.append(pids[sorted(pids)[1]])
+            os.kill(killed[0], signal.SIGKILL)
+
+    with pytest.warns(CumfWarning, match=r"was lost during iteration 2; going on on 2 worker\(s\) "
+                      "from checkpoint 1"):  # fmt: skip
+        result = train(config, client=procs, on_iteration=kill_a_worker, log=lambda _: None)
+    X, T = reference(data, 3)
+    model = result.model
+    assert rel_err(model.user_factors_, X) < 1e-4 and rel_err(model.item_factors_, T) < 1e-4
+    lines = (result.run.path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines] == [1, 2, 3]
+    assert len(wait_for_workers(procs, 2, 30)) == 2
+
+
+def test_worker_restarted_for_memory_fails_with_a_plan(procs, data):
+    """What a memory limit too small for the plan does: the nanny restarts the worker past
+    its limit, again and again. DeviceMemoryError (exit 4) in bounded time, not a hang."""
+    victim = sorted(procs.run(os.getpid))[0]
+    # LocalCluster's nannies live in this process: set the victim's nanny limit directly
+    [nanny] = [w for w in procs.cluster.workers.values() if w.worker_address == victim]
+
+    def squeeze(record):  # from now on the victim's nanny restarts it at once, again and again
+        nanny.memory_manager.memory_limit = 10_000_000
+
+    started = time.perf_counter()
+    try:
+        with pytest.raises(DeviceMemoryError, match=rf"^worker {victim} was killed for memory: "
+                           "its nanny restarted it when its process used \\d+ MB, past the "
+                           "memory limit's terminate threshold; "):  # fmt: skip
+            ALS(F, LAM, 3, backend="numpy", callbacks=[squeeze]).fit(data[0], client=procs)
+        assert time.perf_counter() - started < 30
+    finally:
+        nanny.memory_manager.memory_limit = 1_000_000_000
+        assert len(wait_for_workers(procs, 2, 30)) == 2
+
+
+def test_worker_paused_for_memory_fails_with_a_plan(procs, data, monkeypatch):
+    """A worker past Dask's pause threshold runs nothing: DeviceMemoryError, not a hang."""
+    monkeypatch.setattr(watch, "PAUSED_S", 1.0)
+    victim = sorted(procs.run(os.getpid))[1]
+
+    def pause_at(dask_worker, fraction):
+        dask_worker.memory_manager.memory_pause_fraction = fraction
+
+    def squeeze(record):
+        procs.run(pause_at, fraction=0.001, workers=[victim])
+
+    started = time.perf_counter()
+    try:
+        with pytest.raises(DeviceMemoryError, match=rf"^worker {victim} ran out of memory \(its "
+                           r"process uses \d+ MB of its 1000 MB memory limit and it has run "
+                           r"nothing for \d s\); "):  # fmt: skip
+            ALS(F, LAM, 3, backend="numpy", callbacks=[squeeze]).fit(data[0], client=procs)
+        assert time.perf_counter() - started < 20
+    finally:
+        procs.run(pause_at, fraction=0.8)
+    deadline = time.time() + 10
+    while time.time() < deadline and any(
+        w["status"] != "running" for w in procs.scheduler_info(n_workers=-1)["workers"].values()
+    ):
+        time.sleep(0.2)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and cupy")
+def test_gpu_worker_killed_on_a_local_cuda_cluster(data):
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    with LocalCUDACluster(n_workers=1, dashboard_address=None) as cluster, Client(cluster) as c:
+        pids = c.run(os.getpid)
+        killed: list[int] = []
+
+        def kill(record):
+            if not killed:
+                killed.append(1)
+                os.kill(next(iter(pids.values())), signal.SIGKILL)
+
+        with pytest.warns(CumfWarning, match="was lost during iteration 2; going on"):
+            model = ALS(F, LAM, 3, backend="cupy", callbacks=[kill]).fit(data[0], client=c)
+    X, T = reference(data, 3)
+    assert rel_err(model.user_factors_, X) < 1e-3 and rel_err(model.item_factors_, T) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and cupy")
+def test_gpu_out_of_memory_mid_run_gives_a_plan_that_fits(clients, tmp_path):
+    """A GPU allocation failing mid-run: DeviceMemoryError (CLI exit 4) whose suggested
+    memory budget then runs. A 48 MB limit on CuPy's pool stands in for a small GPU; the
+    forced plan (one batch, f = 128: X and B alone take 51 MB) believes it has 8 GB."""
+    import gc
+
+    import cupy
+
+    from cumf_dask.config import PlanConfig
+
+    rows, cols, vals = random_ratings(50_000, 500, 0.02, seed=3)
+    store = build_store(str(tmp_path / "big.zarr"), rows, cols, vals, shape=(50_000, 500))
+    client = clients(1)  # in-process: the worker's pool is this process's
+    limit = cupy.get_default_memory_pool().get_limit()
+    cupy.get_default_memory_pool().set_limit(size=48 << 20)
+    try:
+        fits = r"a worker ran out of memory .* a plan that fits [\d.]+MB per worker is .*--set "
+        with pytest.raises(DeviceMemoryError, match=fits + "plan.memory_budget=") as err:
+            ALS(128, 0.05, 2, backend="cupy", plan=PlanConfig(memory_budget="8GB", q=1)).fit(
+                store, client=client
+            )
+        budget = str(err.value).split("plan.memory_budget=")[1].split(" ")[0]
+        del err  # its traceback holds the failed fit's device arrays
+        gc.collect()
+        model = ALS(128, 0.05, 2, backend="cupy", plan=PlanConfig(memory_budget=budget))
+        assert np.isfinite(model.fit(store, client=client).user_factors_).all()
+    finally:
+        cupy.get_default_memory_pool().set_limit(size=limit)
