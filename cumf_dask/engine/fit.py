@@ -277,12 +277,14 @@ class _Run:
         engine, store, params = self.engine, self.store, self.params
         for it in range(state.done + 1, params.iterations + 1):
             t0 = time.perf_counter()
-            X = self._half_step("x", state.theta, it, state)
-            state.theta.placed.clear()  # its copies on the workers are no longer needed
+            X = engine.submit_half_step("x", state.theta, it)
+            theta = engine.submit_half_step("theta", X, it)  # starts as X's pieces appear
+            self._wait(X, "x", it, state)
             t1 = time.perf_counter()
-            theta = self._half_step("theta", X, it, state)
-            X.placed.clear()
+            self._wait(theta, "theta", it, state)
             t2 = time.perf_counter()
+            state.theta.placed.clear()  # the copies gathered on the workers are not needed
+            X.placed.clear()
             record: dict[str, Any] = {
                 "iteration": it,
                 "seconds": t2 - t0,
@@ -305,11 +307,11 @@ class _Run:
             for callback in self.callbacks:
                 callback(record)
 
-    def _half_step(self, side: str, fixed: Factor, it: int, state: _State) -> Factor:
-        """A half-step; NumericalError if the task that solved a piece found NaN or inf in it
-        (checked there, before anything is scored or checkpointed)."""
+    def _wait(self, factor: Factor, side: str, it: int, state: _State) -> Factor:
+        """Wait for a half-step; NumericalError if the task that solved a piece found NaN or
+        inf in it (checked there, before anything is scored or checkpointed)."""
         try:
-            return self.engine.half_step(side, fixed, it, self.progress)
+            return self.engine.wait(factor, side, self.progress)
         except tasks.NonFiniteFactor as exc:
             name, rows = ("X", "users") if side == "x" else ("Theta", "items")
             stats = self.store.stats

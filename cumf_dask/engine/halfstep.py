@@ -180,25 +180,31 @@ class SUALSEngine:
     def half_step(
         self, side: str, fixed: Factor, it: int, progress: Progress | None = None
     ) -> Factor:
-        """Solve every row of one factor from the other (see module doc); waits for the result.
+        """Solve every row of one factor from the other (see module doc); waits for it."""
+        return self.wait(self.submit_half_step(side, fixed, it), side, progress)
 
-        `progress(stage, done, total)` is called as the batches (or slices) finish.
-        """
+    def submit_half_step(self, side: str, fixed: Factor, it: int) -> Factor:
+        """Submit a half-step's graph and return at once: the solved factor's pieces are
+        futures, so the next half-step can be submitted behind it and starts as soon as
+        they exist (no round trip through this process in between)."""
         h = self.plan.half(side)
         build = self._model_parallel if h.p == 1 else self._data_parallel
-        pieces = build(h, fixed, it)
-        stage = f"update {h.label}"
+        return Factor(h.n_rows, h.f, build(h, fixed, it))
+
+    def wait(self, factor: Factor, side: str, progress: Progress | None = None) -> Factor:
+        """Wait for a submitted half-step; `progress(stage, done, total)` as its batches
+        (or slices) finish."""
+        stage = f"update {self.plan.half(side).label}"
         done = 0
 
         def report(_: Future) -> None:
             nonlocal done
             done += 1
             if progress is not None:
-                progress(stage, done, len(pieces))
+                progress(stage, done, len(factor.pieces))
 
-        self.watch.wait([f for _, _, f in pieces], on_done=report)
-        return Factor(h.n_rows, h.f, pieces)
-
+        self.watch.wait([f for _, _, f in factor.pieces], on_done=report)
+        return factor
 
     def _model_parallel(self, h: HalfStepPlan, fixed: Factor, it: int) -> list[Piece]:
         pieces: list[Piece] = []
