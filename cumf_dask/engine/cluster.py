@@ -211,7 +211,7 @@ def measure_link(
     def transfer_seconds(size: int) -> float:
         arrays = [
             client.submit(tasks.filler, size, backend, workers=[source], pure=False)
-            for _ in range(2)
+            for _ in range(3)
         ]
         for arr in arrays:  # made on the source (waited for there, not moved)
             result(client.submit(tasks.nbytes, arr, workers=[source], pure=False))

@@ -171,7 +171,8 @@ def _link(client: Client, workers: list[str], backend: str, memory: int):
     replaces it), and the link left unmeasured; one lost for memory ends the fit."""
     watch = Watch(client, workers)
     try:
-        return workers, measure_link(client, workers, backend, min(64 << 20, memory // 16),
+        size = (512 if backend == "cupy" else 64) << 20  # NVLink moves 64 MiB in ~1 ms
+        return workers, measure_link(client, workers, backend, min(size, memory // 16),
                                      watch=watch)  # fmt: skip
     except WorkersPaused as exc:
         raise DeviceMemoryError(
