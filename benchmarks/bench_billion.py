@@ -1,0 +1,133 @@
+"""A paper-scale run end to end: generate the store on every core, then fit on every GPU.
+
+    python3 benchmarks/bench_billion.py --preset hugewiki --factors 100 --lam 0.05
+    python3 benchmarks/bench_billion.py --preset sparkals --factors 10 --iterations 10
+
+Generation runs on a LocalCluster of one process per core (rating values on the GPUs), so
+it uses the whole machine; training on a LocalCUDACluster (one worker per GPU, UCX over
+NVLink when distributed-ucxx is installed). Prints the device, the shape, generation rate
+and disk use, the plan, time to the first iteration (cluster, loading, compiling), seconds
+per iteration (median after the first), test RMSE against the planted noise, and peak host
+and GPU memory per worker; appends a JSON record to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+from bench_iteration import device_name
+
+from cumf_dask import ALS
+from cumf_dask.config import ClusterConfig, PlanConfig
+from cumf_dask.data.planted import PlantedModel
+from cumf_dask.data.store import RatingsStore
+from cumf_dask.data.synthetic import generate
+from cumf_dask.engine.cluster import cluster_client, transport
+
+
+def generate_store(args: argparse.Namespace) -> tuple[RatingsStore, float]:
+    from distributed import Client, LocalCluster
+
+    model = PlantedModel.create(
+        preset=args.preset, scale=args.scale, rank=args.rank, noise=args.noise,
+        rating_min=1, rating_max=5, seed=1,
+    )  # fmt: skip
+    url = str(Path(args.data) / f"billion-{args.preset}-scale{args.scale:g}.zarr")
+    workers = args.gen_workers or os.cpu_count() or 1
+    with (
+        LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None) as cl,
+        Client(cl) as client,
+    ):
+        t0 = time.perf_counter()
+        store = generate(url, model, test_fraction=0.1, client=client, overwrite=True,
+                         use_gpu="auto")  # fmt: skip
+        seconds = time.perf_counter() - t0
+    return store, seconds
+
+
+def peaks(client) -> dict[str, float]:
+    """Peak resident host memory and GPU memory of the workers, GB (largest worker)."""
+
+    def measure() -> tuple[float, float]:
+        import resource
+
+        import cupy
+
+        host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        free, total = cupy.cuda.runtime.memGetInfo()
+        return host / 1e9, (total - free) / 1e9
+
+    values = list(client.run(measure).values())
+    return {"host_gb": max(v[0] for v in values), "gpu_gb": max(v[1] for v in values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="hugewiki")
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--rank", type=int, default=10)
+    parser.add_argument("--noise", type=float, default=0.5)
+    parser.add_argument("--factors", type=int, default=100)
+    parser.add_argument("--lam", type=float, default=0.05)
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--solver", default=None, help="cholesky or cg (when available)")
+    parser.add_argument("--gen-workers", type=int, default=None)
+    parser.add_argument("--data", default="/tmp/cumf-bench")
+    parser.add_argument("--keep", action="store_true", help="keep the store afterwards")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    store, gen_seconds = generate_store(args)
+    ratings = store.nnz + store.nnz_test
+    disk = store.size_on_disk() or 0
+    print(f"device: {device_name('cupy')}, {os.cpu_count()} cores")
+    print(f"generated {args.preset} x {args.scale:g}: {store.m:,} x {store.n:,}, {ratings:,} "
+          f"ratings in {gen_seconds:.1f} s ({ratings / gen_seconds / 1e6:.1f} M ratings/s), "
+          f"{disk / 1e9:.1f} GB on disk")  # fmt: skip
+    t0 = time.perf_counter()
+    with cluster_client(ClusterConfig(backend="cupy", dashboard_address=None)) as client:
+        started = time.perf_counter() - t0
+        extra = {"solver": args.solver} if args.solver else {}
+        model = ALS(args.factors, args.lam, args.iterations, backend="cupy", plan=PlanConfig(),
+                    **extra)  # fmt: skip
+        t1 = time.perf_counter()
+        model.fit(store, client=client)
+        fit_wall = time.perf_counter() - t1
+        memory = peaks(client)
+        scheme = transport(client)
+    its = model.metrics_
+    steady = statistics.median(r["seconds"] for r in its[1:]) if len(its) > 1 else None
+    plan = {h.label: [h.p, h.q] for h in (model.plan_.x, model.plan_.theta)}
+    print(f"plan: {plan}, R {'resident' if model.plan_.resident else 'streamed'}, "
+          f"transport {scheme}, link {model.plan_.link / 1e9:.1f} GB/s")  # fmt: skip
+    print(f"{'it':>3}{'seconds':>9}{'X':>8}{'Theta':>8}{'train':>8}{'test':>8}")
+    for r in its:
+        print(f"{r['iteration']:>3}{r['seconds']:>9.2f}{r['x_seconds']:>8.2f}"
+              f"{r['theta_seconds']:>8.2f}{r.get('train_rmse', 0):>8.4f}"
+              f"{r.get('test_rmse', 0):>8.4f}")  # fmt: skip
+    print(f"cluster start {started:.1f} s; time to first iteration done (after generation) "
+          f"{started + (fit_wall - sum(r['seconds'] for r in its[1:])):.1f} s; iteration 1 "
+          f"{its[0]['seconds']:.1f} s (loading, compiling); steady {steady:.2f} s/iteration; "
+          f"fit wall {fit_wall:.1f} s")  # fmt: skip
+    print(f"test RMSE {its[-1].get('test_rmse')} (planted noise {args.noise}); peak per worker:"
+          f" host {memory['host_gb']:.1f} GB, GPU {memory['gpu_gb']:.1f} GB")  # fmt: skip
+    if args.json:
+        record = {"date": time.strftime("%Y-%m-%d"), "device": device_name("cupy"),
+                  "preset": args.preset, "scale": args.scale, "shape": [store.m, store.n],
+                  "ratings": ratings, "factors": args.factors, "generation_s": gen_seconds,
+                  "disk_bytes": disk, "plan": plan, "transport": scheme, "fit_wall_s": fit_wall,
+                  "cluster_start_s": started, "steady_s": steady, "iterations": its,
+                  **memory}  # fmt: skip
+        with open(args.json, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+    if not args.keep:
+        shutil.rmtree(store.url, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
