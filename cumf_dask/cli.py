@@ -226,6 +226,8 @@ def cmd_train(args: argparse.Namespace, out: Output) -> None:
         for key in ("train_rmse", "test_rmse"):
             if key in r:
                 parts.append(f"{key.replace('_', ' ')} {r[key]:.4f}")
+        if "loss" in r:
+            parts.append(f"loss {r['loss']:.6g}")
         out.log("  ".join(parts))
 
     with out.progress() as progress:
@@ -251,8 +253,13 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
     model = ALS.load(args.model)
     store = RatingsStore.open(args.store)
     _check_shape(model, store, args.store)
-    result: dict[str, Any] = {"train_rmse": model.rmse(store, kind="train")}
-    if store.has_test:
+    if getattr(model, "implicit", False):
+        from .implicit.metrics import ranking_metrics_at_k
+
+        result: dict[str, Any] = ranking_metrics_at_k(model, store, k=args.k)  # type: ignore[arg-type]
+    else:
+        result = {"train_rmse": model.rmse(store, kind="train")}
+    if store.has_test and not getattr(model, "implicit", False):
         result["test_rmse"] = model.rmse(store, kind="test")
         result.update(ranking_metrics(model, store, k=args.k, threshold=args.threshold,
                                       max_users=args.users))  # fmt: skip
@@ -274,7 +281,15 @@ def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
     if store is not None:
         _check_shape(model, store, store_url)
     index = _lookup(args.user, model.user_ids_, model.shape_[0])
-    top, scores = model.recommend([index], k=args.k, exclude_seen=store is not None, store=store)
+    if getattr(model, "implicit", False):
+        top, scores = model.recommend(  # type: ignore[call-arg]
+            [index], k=args.k, filter_already_liked_items=store is not None, store=store
+        )
+    else:
+        top, scores = model.recommend([index], k=args.k, exclude_seen=store is not None,
+                                      store=store)  # fmt: skip
+    found = top[0] >= 0  # an implicit model marks places without a candidate with -1
+    top, scores = top[:, found], scores[:, found]
     items = model.item_ids_[top[0]].tolist() if model.item_ids_ is not None else top[0].tolist()
     result = {"user": args.user, "items": items, "scores": scores[0].tolist()}
 
@@ -390,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--delimiter")
     i.add_argument("--header", action=argparse.BooleanOptionalAction, default=None)
     i.add_argument("--columns", help="user,item,rating columns: names or 0-based positions")
-    i.add_argument("--duplicates", choices=["error", "last", "mean"], default="error")
+    i.add_argument("--duplicates", choices=["error", "last", "mean", "sum"], default="error",
+                   help="repeated (user, item) pairs; sum adds counts")  # fmt: skip
     i.add_argument("--m", type=int, help="declared rows: ids are indices in [0, m)")
     i.add_argument("--n", type=int, help="declared columns")
     store_layout(i)

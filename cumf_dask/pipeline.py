@@ -20,7 +20,7 @@ from .engine.cluster import (
     worker_memory,
 )
 from .engine.plan import Plan, make_plan
-from .errors import IngestError, StoreError
+from .errors import ConfigError, IngestError, StoreError
 from .model import ALS
 from .records import RunFolder
 
@@ -147,6 +147,30 @@ def predicted_and_measured(plan: Plan, metrics: list[dict[str, Any]]) -> dict[st
     return out
 
 
+def make_model(config: Config, **options: Any) -> ALS:
+    """The estimator of ``config.model``: :class:`ALS`, or :class:`ImplicitALS` for
+    ``kind: implicit``; `options` are the estimators' shared keyword arguments."""
+    m = config.model
+    common = dict(
+        backend=config.cluster.backend, precision=m.precision, solver=m.solver,
+        cg_steps=m.cg_steps, **options,
+    )  # fmt: skip
+    if m.kind == "implicit":
+        from .implicit.model import ImplicitALS
+
+        return ImplicitALS(
+            m.factors, m.regularization, m.alpha, m.iterations, m.seed,
+            confidence=m.confidence, eps=m.eps, regularization_mode=m.regularization_kind(),
+            **common,
+        )  # fmt: skip
+    if m.regularization_kind() != "weighted":
+        raise ConfigError(
+            "model.regularization_mode: the explicit model uses weighted lambda; 'plain' is "
+            "for model.kind: implicit"
+        )
+    return ALS(m.factors, m.regularization, m.iterations, m.seed, **common)
+
+
 @dataclass
 class TrainResult:
     model: ALS
@@ -193,12 +217,9 @@ def train(
         if progress:
             progress("train", metrics["iteration"], iterations)
 
-    model = ALS(
-        config.model.factors, config.model.regularization, iterations,
-        config.model.seed, backend=config.cluster.backend,
-        precision=config.model.precision, plan=config.plan,
+    model = make_model(
+        config, plan=config.plan, callbacks=[record], progress=progress,
         checkpoint_dir=str(run.checkpoints) if config.output.checkpoint else None,
-        callbacks=[record], progress=progress,
     )  # fmt: skip
     if progress:
         progress("train", 0, iterations)
@@ -220,8 +241,10 @@ def train(
             sum(r["seconds"] for r in model.metrics_) / len(model.metrics_)
             if model.metrics_ else None
         ),
+        "kind": config.model.kind,
         "train_rmse": last.get("train_rmse"),
         "test_rmse": last.get("test_rmse"),
+        "loss": last.get("loss"),
         "planted_test_rmse": store.source.get("planted_test_rmse"),
         "model": str(run.model),
         "plot": str(plot) if plot else None,

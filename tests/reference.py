@@ -79,26 +79,43 @@ def implicit_half_step(rows, cols, vals, n_rows, fixed, lam, alpha, *, weighted=
         reg = lam * (hi - lo) if weighted else lam
         A = G0 + (Y.T * (c - 1)) @ Y + reg * np.eye(f)
         b = Y.T @ (c * p)
-        if solver == "cholesky":
-            out[u] = np.linalg.solve(A, b)
-            continue
-        x = out[u].copy()
-        r = b - A @ x
-        d = r.copy()
-        rsold = r @ r
-        if rsold < 1e-20:
-            continue
-        for _ in range(cg_steps):
-            Ad = A @ d
-            a = rsold / (d @ Ad)
-            x += a * d
-            r -= a * Ad
-            rsnew = r @ r
-            if rsnew < 1e-20:
-                break
-            d = r + (rsnew / rsold) * d
-            rsold = rsnew
-        out[u] = x
+        out[u] = np.linalg.solve(A, b) if solver == "cholesky" else cg(A, b, out[u], cg_steps)
+    return out
+
+
+def cg(A, b, x, steps):
+    """implicit's CG: from x, `steps` steps; skip when r.r < 1e-20, stop when it falls below."""
+    x = np.array(x, np.float64)
+    r = b - A @ x
+    d = r.copy()
+    rsold = r @ r
+    if rsold < 1e-20:
+        return x
+    for _ in range(steps):
+        Ad = A @ d
+        a = rsold / (d @ Ad)
+        x += a * d
+        r -= a * Ad
+        rsnew = r @ r
+        if rsnew < 1e-20:
+            break
+        d = r + (rsnew / rsold) * d
+        rsold = rsnew
+    return x
+
+
+def cg_half_step(rows, cols, vals, n_rows, fixed, lam, previous, steps):
+    """The explicit model's rows by `steps` CG steps from `previous` (weighted lambda)."""
+    f = fixed.shape[1]
+    cols, vals, starts = _rows(np.asarray(rows), np.asarray(cols), vals, n_rows)
+    fixed = np.asarray(fixed, np.float64)
+    out = np.zeros((n_rows, f))
+    for u in range(n_rows):
+        lo, hi = starts[u], starts[u + 1]
+        if hi > lo:
+            G = fixed[cols[lo:hi]]
+            A = G.T @ G + lam * (hi - lo) * np.eye(f)
+            out[u] = cg(A, G.T @ vals[lo:hi], previous[u], steps)
     return out
 
 

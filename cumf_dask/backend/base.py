@@ -51,8 +51,9 @@ class Backend(ABC):
         check_choice("precision", precision, PRECISIONS)
         self.precision = precision
 
-    def prepare(self, f: int) -> None:  # noqa: B027 - a hook: only the GPU has work to do
-        """Get ready to compute with f factors (the GPU compiles its kernels); no-op here."""
+    def prepare(self, f: int, spec: UpdateSpec | None = None) -> None:  # noqa: B027 - a hook
+        """Get ready to compute with f factors and that objective and solver (the GPU
+        compiles its kernels); no-op here."""
 
     def prepare_fixed(self, fixed: Any) -> Any:
         """The fixed factor at this backend's storage precision (see module doc)."""

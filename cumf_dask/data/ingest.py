@@ -114,8 +114,8 @@ def ingest_file(
     delimiter, header, columns : override the format's (text formats; `columns` also for
         Parquet): the user, item and rating columns by name or 0-based position.
         ``header=None`` guesses: a header when line 1's rating field is not a number.
-    duplicates : repeated (user, item) pairs: ``"error"``, ``"last"`` (latest line wins) or
-        ``"mean"``.
+    duplicates : repeated (user, item) pairs: ``"error"``, ``"last"`` (latest line wins),
+        ``"mean"`` or ``"sum"`` (counts of implicit feedback).
     m, n : declared numbers of users and items: ids are then indices in [0, m) / [0, n).
     test_fraction, split_seed : deterministic held-out share (by pair hash and seed).
     chunk_rows : lines (rows) per chunk: bounds the memory of reading.

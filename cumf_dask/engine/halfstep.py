@@ -122,8 +122,8 @@ class SUALSEngine:
         """Compile each worker's kernels in the background (not a compute task: loads and
         computations that need the kernels wait for the compile lock, not for this task)."""
         for k, worker in enumerate(self.place.workers):
-            self.submit(tasks.prepare, f, self.backend, key=f"prepare-{k}", worker=worker,
-                        compute=False)  # fmt: skip
+            self.submit(tasks.prepare, f, self.backend, self.spec, key=f"prepare-{k}",
+                        worker=worker, compute=False)  # fmt: skip
 
     # ------------------------------------------------------------------ factors
     def initial(self, n_rows: int, f: int, seed: int, stream: int = 1) -> Factor:

@@ -39,9 +39,9 @@ def load_block(
     return get_backend(backend).block_to_device(block)
 
 
-def prepare(f: int, backend: str) -> None:
+def prepare(f: int, backend: str, spec: UpdateSpec | None = None) -> None:
     """Compile the backend's kernels for f factors (runs while the blocks load)."""
-    get_backend(backend).prepare(f)
+    get_backend(backend).prepare(f, spec)
 
 
 def load_counts(store: RatingsStore, orient: str, rows: tuple, backend: str) -> Any:
