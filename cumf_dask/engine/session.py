@@ -58,7 +58,7 @@ class Session:
         """``func(*shared, *batch, backend)`` for each batch, one task each on the workers;
         the `shared` host arrays are broadcast to every worker once."""
         client, backend = self.client, self.engine.backend.partition("+")[0]
-        common = client.scatter(shared, broadcast=True) if shared else []
+        common = client.scatter(shared, broadcast=True, hash=False) if shared else []
         futures = []
         for i, batch in enumerate(batches):
             key = f"{name}-batch{i}-{self.engine.run}-{uuid.uuid4().hex[:6]}"
