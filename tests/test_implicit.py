@@ -142,7 +142,7 @@ def stores(data, tmp_path_factory):
 @pytest.fixture(scope="module")
 def references(data):
     rows, cols, vals = data
-    x0, theta0 = init_factor(M, F, 0, stream=2), init_factor(N, F, 0)
+    x0, theta0 = init_factor(M, F, 0, stream=2, scale=0.01), init_factor(N, F, 0, scale=0.01)
     args = (rows, cols, vals, (M, N), x0, theta0, LAM, ALPHA, ITERS)
     return {solver: reference_implicit_als(*args, solver=solver) for solver in ("cholesky", "cg")}
 
@@ -186,8 +186,8 @@ def test_objective_falls_every_iteration(stores, client2, data):
     objective = [r["objective"] for r in model.metrics_]
     assert all(b < a for a, b in itertools.pairwise(objective))
     _, _, ref = reference_implicit_als(
-        rows, cols, vals, (M, N), init_factor(M, F, 0, stream=2), init_factor(N, F, 0), LAM,
-        ALPHA, 6, weighted=True, form="log",
+        rows, cols, vals, (M, N), init_factor(M, F, 0, stream=2, scale=0.01),
+        init_factor(N, F, 0, scale=0.01), LAM, ALPHA, 6, weighted=True, form="log",
     )  # fmt: skip
     np.testing.assert_allclose(objective, ref, rtol=1e-4)
     total = M * N - len(vals) + (1 + ALPHA * np.log1p(np.maximum(vals, 0))).sum()

@@ -59,6 +59,7 @@ class ALSParams:
     regularization_mode: str = "weighted"
     solver: str = "cholesky"
     cg_steps: int = 3
+    init_scale: float | None = None  # initial factors uniform in [0, this); None: 1/sqrt(f)
 
     def spec(self) -> UpdateSpec:
         """What each row update solves, and how."""
@@ -86,6 +87,7 @@ class ALSParams:
             "regularization_mode": self.regularization_mode,
             "solver": self.solver,
             "cg_steps": self.cg_steps,
+            "init_scale": self.init_scale,
         }
 
 
@@ -175,8 +177,9 @@ def _start(
     cg = params.solver == "cg"
     found = checkpointer.latest() if checkpointer is not None else None
     if found is None:
-        theta = engine.initial(store.n, params.factors, params.seed)
-        x = engine.initial(store.m, params.factors, params.seed, stream=2) if cg else None
+        scale = params.init_scale
+        theta = engine.initial(store.n, params.factors, params.seed, scale=scale)
+        x = engine.initial(store.m, params.factors, params.seed, 2, scale) if cg else None
         return 0, [], theta, x
     start, attrs, arrays = found
     want = {"m": store.m, "n": store.n, "factors": params.factors, "kind": params.kind}

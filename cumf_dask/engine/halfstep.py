@@ -126,15 +126,18 @@ class SUALSEngine:
                         worker=worker, compute=False)  # fmt: skip
 
     # ------------------------------------------------------------------ factors
-    def initial(self, n_rows: int, f: int, seed: int, stream: int = 1) -> Factor:
-        """The seeded initial factor, one piece per worker (stream 1: Theta, 2: X)."""
+    def initial(
+        self, n_rows: int, f: int, seed: int, stream: int = 1, scale: float | None = None
+    ) -> Factor:
+        """The seeded initial factor, one piece per worker (stream 1: Theta, 2: X; values
+        uniform in [0, scale), see :func:`~cumf_dask.factors.init_factor`)."""
         bounds = balanced_bounds(n_rows, len(self.place.workers))
         pieces: list[Piece] = []
         owners = []
         for k in range(len(bounds) - 1):
             lo, hi = bounds[k], bounds[k + 1]
             fut = self.submit(
-                tasks.initial_factor, n_rows, f, seed, lo, hi, self.backend, stream,
+                tasks.initial_factor, n_rows, f, seed, lo, hi, self.backend, stream, scale,
                 key=f"init-factor{stream}-{k}", worker=self.place.piece(k),
             )  # fmt: skip
             pieces.append((lo, hi, fut))

@@ -50,9 +50,16 @@ def load_counts(store: RatingsStore, orient: str, rows: tuple, backend: str) -> 
 
 
 def initial_factor(
-    n_rows: int, f: int, seed: int, lo: int, hi: int, backend: str, stream: int = 1
+    n_rows: int,
+    f: int,
+    seed: int,
+    lo: int,
+    hi: int,
+    backend: str,
+    stream: int = 1,
+    scale: float | None = None,
 ) -> Any:
-    return get_backend(backend).asarray(init_factor(n_rows, f, seed, lo, hi, stream))
+    return get_backend(backend).asarray(init_factor(n_rows, f, seed, lo, hi, stream, scale))
 
 
 def assemble(lo: int, hi: int, backend: str, pieces: list[tuple[int, int, Any]]) -> Any:

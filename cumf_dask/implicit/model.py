@@ -68,6 +68,8 @@ class ImplicitALS(ALS):
         "cg": ``cg_steps`` conjugate-gradient steps per row, warm-started from the previous
         factors (implicit's); "cholesky": the exact solve.
     cg_steps : int
+    init_scale : float
+        Initial factors are uniform in [0, init_scale) (implicit's 0.01).
     backend, precision, plan, checkpoint_dir, evaluate, callbacks, progress
         As for :class:`~cumf_dask.ALS`. ``evaluate`` records the objective each iteration
         (``loss``: divided by the total confidence, implicit's ``calculate_loss``).
@@ -96,6 +98,7 @@ class ImplicitALS(ALS):
         regularization_mode: str = "plain",
         solver: str = "cg",
         cg_steps: int = 3,
+        init_scale: float = 0.01,
         backend: str = "auto",
         precision: str = "float32",
         plan: Any = None,
@@ -113,6 +116,7 @@ class ImplicitALS(ALS):
         self.confidence = confidence
         self.eps = eps
         self.regularization_mode = regularization_mode
+        self.init_scale = init_scale
 
     def __repr__(self) -> str:
         fitted = f", fitted {self.shape_[0]:,} x {self.shape_[1]:,}" if self._fitted else ""
@@ -127,11 +131,12 @@ class ImplicitALS(ALS):
         check_choice("regularization_mode", self.regularization_mode, REGULARIZATION_MODES)
         check_choice("confidence", self.confidence, CONFIDENCES)
         check_number("alpha", self.alpha, 0)
+        check_number("init_scale", self.init_scale, 0, low_inclusive=False)
         return ALSParams(
             self.factors, self.regularization, self.iterations, self.seed, self.precision,
             kind="implicit", alpha=self.alpha, confidence=self.confidence, eps=self.eps,
             regularization_mode=self.regularization_mode, solver=self.solver,
-            cg_steps=self.cg_steps,
+            cg_steps=self.cg_steps, init_scale=self.init_scale,
         )  # fmt: skip
 
     def _check_store(self, store: RatingsStore) -> None:
@@ -157,6 +162,7 @@ class ImplicitALS(ALS):
             "confidence": str(attrs["confidence"]),
             "eps": float(attrs["eps"]),
             "regularization_mode": str(attrs["regularization_mode"]),
+            "init_scale": float(attrs.get("init_scale") or 0.01),
         }
 
     @classmethod
