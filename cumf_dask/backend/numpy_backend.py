@@ -10,7 +10,11 @@ Solve: Cholesky in float64 (``numpy.linalg.cholesky``, one LAPACK call per stack
 systems), then forward and back substitution vectorized over the stack. It reads only the
 lower triangles, so nothing is mirrored; measured 2x faster than ``numpy.linalg.solve``
 on f = 50 (benchmarks/RESULTS.md). CG: :func:`~.objective.batched_cg` on the same float64
-stacks (mirrored from their lower triangles), warm-started from x0.
+stacks (mirrored from their lower triangles), warm-started from x0. ``update`` with the CG
+solver never forms A (as implicit's CPU CG): each bucket's gathered rows G give
+``A p = G0 p + G^T (s^2 * (G p)) + reg p`` in O(L f) per row and step instead of the Gram's
+O(L f^2), the same iterates in exact arithmetic (the GPU forms A in registers instead, where
+the Gram is the fast part; mo_als.cu).
 
 BLAS threads: inside Dask workers the engine pins BLAS to one thread (threadpoolctl); many
 small products are much slower with threads on small CPUs (DESIGN pitfalls).
@@ -124,6 +128,63 @@ class NumpyBackend(Backend):
                 X[chunk] = batched_cg(np, M, b, start, spec.cg_steps)
             else:
                 X[chunk] = cholesky_solve(M, b)
+        return X
+
+    def update(
+        self,
+        block: Block,
+        fixed: Any,
+        counts: Any,
+        lam: float | UpdateSpec,
+        *,
+        gram0: Any = None,
+        x0: Any = None,
+    ) -> np.ndarray:
+        spec = as_spec(lam)
+        if not spec.cg:
+            return super().update(block, fixed, counts, spec, gram0=gram0, x0=x0)
+        if spec.implicit and gram0 is None:
+            gram0 = self.gram(fixed)
+        return self._update_cg(block, fixed, np.asarray(counts), spec, gram0, x0)
+
+    def _update_cg(
+        self, block: Block, fixed: Any, counts: np.ndarray, spec: UpdateSpec, gram0: Any, x0: Any
+    ) -> np.ndarray:
+        """Matrix-free CG per degree bucket (module doc); rows without counts get zeros."""
+        f = fixed.shape[1]
+        X = np.zeros((block.n_rows, f), np.float32)
+        if block.nnz == 0:
+            return X
+        G0 = None if gram0 is None else np.asarray(gram0, np.float64)
+        reg = regularization(np, counts, spec)
+        padded_fixed = np.vstack([np.asarray(fixed, np.float32), np.zeros((1, f), np.float32)])
+        indptr = np.asarray(block.indptr)
+        indices = np.append(np.asarray(block.indices), padded_fixed.shape[0] - 1)
+        scale, value = gram_weights(np, np.asarray(block.values, np.float32), spec)
+        scale = np.ones(block.nnz, np.float32) if scale is None else scale
+        weight = np.append(scale.astype(np.float64) ** 2, 0)
+        rhs = np.append(scale.astype(np.float64) * value, 0)
+        pad_entry = indices.size - 1
+        degrees = np.where(counts > 0, np.diff(indptr), 0)
+        start = np.zeros((block.n_rows, f)) if x0 is None else np.asarray(x0, np.float64)
+        for length, rows in degree_buckets(degrees):
+            step = max(1, _BUCKET_BYTES // (length * f * 8))
+            offsets = np.arange(length)
+            for lo in range(0, rows.size, step):
+                chunk = rows[lo : lo + step]
+                entry = indptr[chunk, None] + offsets[None, :]
+                entry = np.where(offsets[None, :] < degrees[chunk, None], entry, pad_entry)
+                G = padded_fixed[indices[entry]].astype(np.float64)  # (rows, L, f)
+                Gt = G.transpose(0, 2, 1)
+                w, r = weight[entry], reg[chunk][:, None]
+
+                def matvec(p, G=G, Gt=Gt, w=w, r=r):
+                    q = np.matmul(G, p[:, :, None])[:, :, 0] * w
+                    out = np.matmul(Gt, q[:, :, None])[:, :, 0] + r * p
+                    return out if G0 is None else out + p @ G0
+
+                b = np.matmul(Gt, rhs[entry][:, :, None])[:, :, 0]
+                X[chunk] = batched_cg(np, matvec, b, start[chunk], spec.cg_steps)
         return X
 
 

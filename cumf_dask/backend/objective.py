@@ -123,17 +123,19 @@ def symmetric(xp: Any, M: Any) -> Any:
 
 
 def batched_cg(xp: Any, M: Any, b: Any, x0: Any, steps: int) -> Any:
-    """``steps`` CG steps on M x = b for a stack of full SPD matrices, from x0 (implicit's
-    recurrence, per row: skip when r.r < CG_SMALL at the start, stop when it falls below)."""
-    x = x0.astype(M.dtype, copy=True)
-    r = b - xp.einsum("rij,rj->ri", M, x)
+    """``steps`` CG steps on M x = b for a stack of systems, from x0 (implicit's recurrence,
+    per row: skip when r.r < CG_SMALL at the start, stop when it falls below). `M` is a stack
+    of full SPD matrices, or a function giving the stack of products M p (matrix-free)."""
+    matvec = M if callable(M) else (lambda v: xp.einsum("rij,rj->ri", M, v))
+    x = x0.astype(b.dtype, copy=True)
+    r = b - matvec(x)
     p = r.copy()
     rsold = (r * r).sum(axis=1)
     active = rsold >= CG_SMALL
     for _ in range(steps):
         if not bool(active.any()):
             break
-        Ap = xp.einsum("rij,rj->ri", M, p)
+        Ap = matvec(p)
         pAp = (p * Ap).sum(axis=1)
         a = xp.where(active, rsold / xp.where(active, pAp, 1), 0)[:, None]
         x += a * p
