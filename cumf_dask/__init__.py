@@ -14,6 +14,7 @@ from .errors import (
     PlanError,
     StoreError,
 )
+from .implicit.model import ImplicitALS
 from .model import ALS
 
 __version__ = "0.1.0"
@@ -24,6 +25,7 @@ __all__ = [
     "ConfigError",
     "CumfError",
     "DeviceMemoryError",
+    "ImplicitALS",
     "IngestError",
     "NotFittedError",
     "Plan",

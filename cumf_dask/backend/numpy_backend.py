@@ -11,10 +11,11 @@ systems), then forward and back substitution vectorized over the stack. It reads
 lower triangles, so nothing is mirrored; measured 2x faster than ``numpy.linalg.solve``
 on f = 50 (benchmarks/RESULTS.md). CG: :func:`~.objective.batched_cg` on the same float64
 stacks (mirrored from their lower triangles), warm-started from x0. ``update`` with the CG
-solver never forms A (as implicit's CPU CG): each bucket's gathered rows G give
-``A p = G0 p + G^T (s^2 * (G p)) + reg p`` in O(L f) per row and step instead of the Gram's
-O(L f^2), the same iterates in exact arithmetic (the GPU forms A in registers instead, where
-the Gram is the fast part; mo_als.cu).
+solver does not form A for rows of up to ``MATRIX_FREE * f`` ratings (as implicit's CPU CG):
+each bucket's gathered rows G give ``A p = G0 p + G^T (s^2 * (G p)) + reg p`` in O(L f) per
+row and step instead of the Gram's O(L f^2), the same iterates in exact arithmetic. Longer
+rows form A (one float32 batched GEMM beats many matrix-vector products over a long G). The
+GPU forms A in registers for every row, where the Gram is the fast part (mo_als.cu).
 
 BLAS threads: inside Dask workers the engine pins BLAS to one thread (threadpoolctl); many
 small products are much slower with threads on small CPUs (DESIGN pitfalls).
@@ -32,6 +33,7 @@ from .objective import UpdateSpec, as_spec, batched_cg, gram_weights, regulariza
 
 _BUCKET_BYTES = 64 << 20  # gathered (rows, L, f) float32 per batched product
 _SOLVE_CHUNK = 256  # systems per batched Cholesky: small enough to stay in cache
+MATRIX_FREE = 2  # CG without forming A for rows of up to this many times f ratings
 
 
 def degree_buckets(degrees: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -162,30 +164,42 @@ class NumpyBackend(Backend):
         indices = np.append(np.asarray(block.indices), padded_fixed.shape[0] - 1)
         scale, value = gram_weights(np, np.asarray(block.values, np.float32), spec)
         scale = np.ones(block.nnz, np.float32) if scale is None else scale
-        weight = np.append(scale.astype(np.float64) ** 2, 0)
-        rhs = np.append(scale.astype(np.float64) * value, 0)
+        scale, value = np.append(scale, np.float32(0)), np.append(value, np.float32(0))
         pad_entry = indices.size - 1
         degrees = np.where(counts > 0, np.diff(indptr), 0)
         start = np.zeros((block.n_rows, f)) if x0 is None else np.asarray(x0, np.float64)
+        diag = np.arange(f)
         for length, rows in degree_buckets(degrees):
-            step = max(1, _BUCKET_BYTES // (length * f * 8))
+            formed = length > MATRIX_FREE * f
+            step = max(1, _BUCKET_BYTES // (length * f * (4 if formed else 8)))
             offsets = np.arange(length)
             for lo in range(0, rows.size, step):
                 chunk = rows[lo : lo + step]
                 entry = indptr[chunk, None] + offsets[None, :]
                 entry = np.where(offsets[None, :] < degrees[chunk, None], entry, pad_entry)
-                G = padded_fixed[indices[entry]].astype(np.float64)  # (rows, L, f)
+                G = padded_fixed[indices[entry]] * scale[entry][:, :, None]  # (rows, L, f)
                 Gt = G.transpose(0, 2, 1)
-                w, r = weight[entry], reg[chunk][:, None]
-
-                def matvec(p, G=G, Gt=Gt, w=w, r=r):
-                    q = np.matmul(G, p[:, :, None])[:, :, 0] * w
-                    out = np.matmul(Gt, q[:, :, None])[:, :, 0] + r * p
-                    return out if G0 is None else out + p @ G0
-
-                b = np.matmul(Gt, rhs[entry][:, :, None])[:, :, 0]
-                X[chunk] = batched_cg(np, matvec, b, start[chunk], spec.cg_steps)
+                b = np.matmul(Gt, value[entry][:, :, None])[:, :, 0].astype(np.float64)
+                r = reg[chunk]
+                if formed:
+                    M = np.matmul(Gt, G).astype(np.float64)
+                    M[:, diag, diag] += r[:, None]
+                    op: Any = M if G0 is None else M + G0
+                else:
+                    op = _free_product(G.astype(np.float64), r, G0)
+                X[chunk] = batched_cg(np, op, b, start[chunk], spec.cg_steps)
         return X
+
+
+def _free_product(G: np.ndarray, reg: np.ndarray, G0: np.ndarray | None) -> Any:
+    """p -> (G0 + G^T G + reg I) p for a stack, without forming G^T G (G: scaled rows)."""
+    Gt = G.transpose(0, 2, 1)
+
+    def product(p: np.ndarray) -> np.ndarray:
+        out = np.matmul(Gt, np.matmul(G, p[:, :, None]))[:, :, 0] + reg[:, None] * p
+        return out if G0 is None else out + p @ G0
+
+    return product
 
 
 def cholesky_solve(M: np.ndarray, b: np.ndarray) -> np.ndarray:
