@@ -22,6 +22,7 @@ from cumf_dask.implicit import ImplicitALS
 from cumf_dask.model import ALS
 
 M, N, F = 90, 60, 6
+SOLVERS = ("cholesky", "cg")
 LAM, ALPHA, ITERS = 0.1, 2.0, 3
 EMPTY_ROWS, EMPTY_COLS = [0, 41], [7]
 
@@ -119,11 +120,17 @@ def test_explicit_cg_matches_reference(backend):
 
 # ----------------------------------------------------------------------------- engine
 
-# (workers, tiles, p, q): as tests/test_engine.py's CASES, the paths that differ here
-CASES = [(1, SMALL, 1, 1), (2, BIG, 1, 5), (2, SMALL, 2, 1), (4, SMALL, 3, 5)]
+# (workers, tiles, p, q, solver): as tests/test_engine.py's CASES, the paths that differ here
+CASES = [
+    (1, SMALL, 1, 1, "cholesky"),  # one worker, one batch: G0 and the fused solve
+    (2, BIG, 1, 5, "cg"),  # batches wrap around the workers, each with its warm-start rows
+    (2, SMALL, 2, 1, "cholesky"),  # reduce-scatter: G0 added after the reduction
+    (2, SMALL, 2, 1, "cg"),  # ... and CG from A in memory, warm-started per slice
+    (4, SMALL, 3, 5, "cg"),  # p < workers, many batches and slices
+]
 FULL = [
     case
-    for case in itertools.product([1, 2, 4], [SMALL, BIG], [1, 2, 3], [1, 2, 5])
+    for case in itertools.product([1, 2, 4], [SMALL, BIG], [1, 2, 3], [1, 2, 5], SOLVERS)
     if case not in CASES
 ]
 
@@ -144,11 +151,11 @@ def references(data):
     rows, cols, vals = data
     x0, theta0 = init_factor(M, F, 0, stream=2, scale=0.01), init_factor(N, F, 0, scale=0.01)
     args = (rows, cols, vals, (M, N), x0, theta0, LAM, ALPHA, ITERS)
-    return {solver: reference_implicit_als(*args, solver=solver) for solver in ("cholesky", "cg")}
+    return {solver: reference_implicit_als(*args, solver=solver) for solver in SOLVERS}
 
 
-def _check(stores, clients, references, case, solver, backend):
-    workers, tiles, p, q = case
+def _check(stores, clients, references, case, backend):
+    workers, tiles, p, q, solver = case
     model = ImplicitALS(F, LAM, ALPHA, ITERS, solver=solver, backend=backend,
                         plan=PlanConfig(p=p, q=q))  # fmt: skip
     model.fit(stores[tiles], client=clients(workers))
@@ -162,18 +169,16 @@ def _check(stores, clients, references, case, solver, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("solver", ["cholesky", "cg"])
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_plans_match_reference(stores, clients, references, case, solver, backend):
-    _check(stores, clients, references, case, solver, backend)
+def test_plans_match_reference(stores, clients, references, case, backend):
+    _check(stores, clients, references, case, backend)
 
 
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("solver", ["cholesky", "cg"])
 @pytest.mark.parametrize("case", FULL, ids=_ids)
-def test_every_plan_matches_reference(stores, clients, references, case, solver, backend):
-    _check(stores, clients, references, case, solver, backend)
+def test_every_plan_matches_reference(stores, clients, references, case, backend):
+    _check(stores, clients, references, case, backend)
 
 
 def test_objective_falls_every_iteration(stores, client2, data):
