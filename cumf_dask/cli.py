@@ -114,7 +114,7 @@ def cmd_ingest(args: argparse.Namespace, out: Output) -> None:
         store = ingest_file(
             args.file, args.output, args.format, delimiter=args.delimiter, header=args.header,
             columns=columns, duplicates=args.duplicates, m=args.m, n=args.n,
-            test_fraction=args.test_fraction, split_seed=args.split_seed,
+            test_fraction=args.test_fraction, split_seed=args.split_seed, split=args.split,
             tile_rows=args.tile_rows, tile_cols=args.tile_cols, overwrite=args.overwrite,
             progress=progress,
         )  # fmt: skip
@@ -407,6 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--columns", help="user,item,rating columns: names or 0-based positions")
     i.add_argument("--duplicates", choices=["error", "last", "mean", "sum"], default="error",
                    help="repeated (user, item) pairs; sum adds counts")  # fmt: skip
+    i.add_argument("--split", choices=["pairs", "users"], default="pairs",
+                   help="hold out a share of all pairs, or of each user's (keeps every user)")
     i.add_argument("--m", type=int, help="declared rows: ids are indices in [0, m)")
     i.add_argument("--n", type=int, help="declared columns")
     store_layout(i)

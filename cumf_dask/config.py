@@ -24,6 +24,7 @@ import yaml
 
 from .checks import check_fraction, check_number, check_positive_int
 from .data.duplicates import DuplicatePolicy
+from .data.hashing import SplitKind
 from .errors import ConfigError
 
 Reduction = Literal["scatter", "two-phase", "one"]
@@ -74,6 +75,7 @@ class DataConfig:
     overwrite: bool = False  # rebuild the store even if a complete one exists
     test_fraction: float = 0.1  # held-out share (deterministic by seed), 0 for none
     split_seed: int = 0
+    split: SplitKind = "pairs"  # ingest: share of all pairs | "users": of each user's, never all
     tile_rows: int | None = None  # rows per tile (None: chosen from the shape)
     tile_cols: int | None = None
     generate: GenerateConfig = field(default_factory=GenerateConfig)

@@ -77,7 +77,8 @@ def ingest_from_config(
     return ingest_file(
         ing.path, url if url is not None else cfg.store, ing.format, delimiter=ing.delimiter,
         header=ing.header, columns=ing.columns, duplicates=ing.duplicates, m=ing.m, n=ing.n,
-        test_fraction=cfg.test_fraction, split_seed=cfg.split_seed, tile_rows=cfg.tile_rows,
+        test_fraction=cfg.test_fraction, split_seed=cfg.split_seed, split=cfg.split,
+        tile_rows=cfg.tile_rows,
         tile_cols=cfg.tile_cols, overwrite=cfg.overwrite, chunk_rows=chunk_rows,
         progress=progress,
     )  # fmt: skip

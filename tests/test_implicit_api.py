@@ -207,7 +207,7 @@ def test_metrics_of_a_perfect_ranking():
     assert got["recall@3"] == 1 and got["precision@3"] == pytest.approx((2 / 3 + 1 / 3) / 2)
 
 
-def test_split_by_user_keeps_every_user_in_training():
+def test_split_by_user_keeps_every_user_in_training(tmp_path):
     rows, cols, vals = random_ratings(60, 40, 0.1, seed=3, skew=0.9)
     (tr, tc, _), (sr, sc, _) = train_test_split(rows, cols, vals, 0.25, seed=7)
     assert set(tr.tolist()) == set(rows.tolist())  # every user keeps a training interaction
@@ -221,6 +221,12 @@ def test_split_by_user_keeps_every_user_in_training():
     order = np.random.default_rng(0).permutation(rows.size)  # the input order does not matter
     again = train_test_split(rows[order], cols[order], vals[order], 0.25, seed=7)[1]
     assert set(zip(again[0].tolist(), again[1].tolist(), strict=True)) == test
+    store = build_store(str(tmp_path / "u.zarr"), rows[order], cols[order], vals[order],
+                        shape=(60, 40), test_fraction=0.25, split_seed=7, split="users",
+                        tile_rows=16)  # fmt: skip
+    held_r, held_c, _ = store.read_coo("row", split="test")
+    assert set(zip(held_r.tolist(), held_c.tolist(), strict=True)) == test  # the same pairs
+    assert store.nnz == len(train) and store.nnz_test == len(test)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -230,6 +236,7 @@ data:
   source: ingest
   store: data/counts.zarr
   test_fraction: 0.2
+  split: users
   ingest:
     path: plays.csv
     duplicates: sum
@@ -276,3 +283,4 @@ def test_cli_trains_evaluates_and_recommends_on_counts(tmp_path):
     store = RatingsStore.open(str(tmp_path / "data" / "counts.zarr"))
     total = store.nnz + store.nnz_test
     assert total == len({tuple(p) for p in plays.tolist()}) and store.stats["max"] > 1
+    assert (store.counts("row") > 0).all()  # split by user: everyone keeps training plays

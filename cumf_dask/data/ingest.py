@@ -41,6 +41,7 @@ import pandas as pd  # a core dependency: chunked, C-speed text parsing
 from ..checks import check_positive_int
 from ..errors import IngestError
 from .duplicates import DuplicatePolicy
+from .hashing import SplitKind
 from .readers import (
     Chunk,
     Column,
@@ -98,6 +99,7 @@ def ingest_file(
     n: int | None = None,
     test_fraction: float = 0.0,
     split_seed: int = 0,
+    split: SplitKind = "pairs",
     tile_rows: int | None = None,
     tile_cols: int | None = None,
     overwrite: bool = False,
@@ -118,6 +120,8 @@ def ingest_file(
         ``"mean"`` or ``"sum"`` (counts of implicit feedback).
     m, n : declared numbers of users and items: ids are then indices in [0, m) / [0, n).
     test_fraction, split_seed : deterministic held-out share (by pair hash and seed).
+    split : ``"pairs"`` (that share of all pairs) or ``"users"`` (that share of each user's
+        pairs, never all of them: every user keeps a training rating).
     chunk_rows : lines (rows) per chunk: bounds the memory of reading.
     progress : ``progress(stage, done, total)``, see the module docstring.
     """
@@ -146,8 +150,8 @@ def ingest_file(
     source = {"kind": "file", "format": format, "path": files.name, "duplicates": duplicates}
     return _ingest(
         chunks, url, files, source, m, n, duplicates=duplicates, test_fraction=test_fraction,
-        split_seed=split_seed, tile_rows=tile_rows, tile_cols=tile_cols, overwrite=overwrite,
-        progress=progress,
+        split_seed=split_seed, split=split, tile_rows=tile_rows, tile_cols=tile_cols,
+        overwrite=overwrite, progress=progress,
     )  # fmt: skip
 
 
@@ -161,6 +165,7 @@ def ingest_arrays(
     duplicates: DuplicatePolicy = "error",
     test_fraction: float = 0.0,
     split_seed: int = 0,
+    split: SplitKind = "pairs",
     tile_rows: int | None = None,
     tile_cols: int | None = None,
     overwrite: bool = False,
@@ -187,8 +192,8 @@ def ingest_arrays(
     return _ingest(
         read_arrays(users, items, ratings, chunk_rows), url, Records(len(ratings)),
         source or {"kind": "arrays"}, m, n, duplicates=duplicates, test_fraction=test_fraction,
-        split_seed=split_seed, tile_rows=tile_rows, tile_cols=tile_cols, overwrite=overwrite,
-        progress=progress, expected_nnz=len(ratings),
+        split_seed=split_seed, split=split, tile_rows=tile_rows, tile_cols=tile_cols,
+        overwrite=overwrite, progress=progress, expected_nnz=len(ratings),
     )  # fmt: skip
 
 

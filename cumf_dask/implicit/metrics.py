@@ -22,7 +22,8 @@ The split (:func:`train_test_split`) holds out, for each user, ``round(test_frac
 of their interactions but never all of them, so every user keeps at least one training
 interaction (implicit's own ``train_test_split`` draws each pair independently, so a user can
 end up with none). Which ones is decided by a hash of (user, item, seed): deterministic,
-independent of the input order.
+independent of the input order (:func:`cumf_dask.data.hashing.user_split_mask`; stores built
+with ``split="users"``, config ``data.split: users``, hold out the same pairs).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..checks import check_fraction, check_positive_int
-from ..data.hashing import hash64, stream_key, unit
+from ..data.hashing import user_split_mask
 from ..data.store import RatingsStore
 from ..errors import StoreError
 
@@ -51,15 +52,7 @@ def train_test_split(
     check_fraction("test_fraction", test_fraction)
     rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
     values = np.asarray(values)
-    key = unit(np, hash64(np, stream_key(seed, 0x5EED), rows * np.int64(1 << 32) + cols))
-    order = np.lexsort((key, rows))
-    sorted_rows = rows[order]
-    starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
-    sizes = np.diff(np.r_[starts, rows.size])
-    held = np.minimum(np.floor(test_fraction * sizes + 0.5).astype(np.int64), sizes - 1)
-    rank = np.arange(rows.size) - np.repeat(starts, sizes)
-    test = np.zeros(rows.size, bool)
-    test[order] = rank < np.repeat(held, sizes)
+    test = user_split_mask(rows, cols, test_fraction, seed)
     train = ~test
     return (rows[train], cols[train], values[train]), (rows[test], cols[test], values[test])
 
