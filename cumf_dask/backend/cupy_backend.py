@@ -61,6 +61,7 @@ BATCH_BYTES = 1 << 30  # A of a row batch when rows go through hermitian + solve
 THREADS_PER_SM = 480  # kernels' register cap: this many resident threads per SM
 LONG_ROW = 4096  # rows with more ratings are split over several blocks (hermitian + solve)
 _SOURCE = Path(__file__).parent / "kernels" / "mo_als.cu"
+_INCLUDE = '#include "cg.cuh"'  # spliced in (CuPy's cache key is the text it compiles)
 _SMALLER = "plan smaller batches (a larger plan.q) so that a block fits the GPU"
 _ELEMENT = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}  # kernels' T by dtype
 
@@ -126,9 +127,15 @@ def _compile(
         if cg:
             names["cg_solve"] = f"cg_solve_kernel<{shape}>"
     module = cp.RawModule(
-        code=_SOURCE.read_text(), options=("-std=c++17",), name_expressions=list(names.values())
+        code=kernel_source(), options=("-std=c++17",), name_expressions=list(names.values())
     )
     return {key: module.get_function(name) for key, name in names.items()}
+
+
+def kernel_source() -> str:
+    """mo_als.cu with the CG solver (cg.cuh, beside it) spliced in where it includes it."""
+    text = _SOURCE.read_text()
+    return text.replace(_INCLUDE, (_SOURCE.parent / "cg.cuh").read_text(), 1)
 
 
 def bfloat16_rows(fixed: Any) -> Any:

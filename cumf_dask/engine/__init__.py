@@ -8,5 +8,9 @@
 6. :mod:`.fit`: the loop (start or resume, iterate, score, checkpoint);
 7. :mod:`.session`: a finished fit's factors on the workers (export, gather, recommend).
 
-:mod:`.cluster` makes clients and tells the planner what the workers have.
+:mod:`.cluster` makes clients and tells the planner what the workers have. What a row update
+solves (explicit ratings or implicit feedback, Cholesky or CG) is the backend's
+:class:`~cumf_dask.backend.objective.UpdateSpec`; the engine only adds what the implicit
+model and CG need: the fixed factor's Gram each half-step and the solved factor's previous
+iterate (:mod:`.halfstep`).
 """
