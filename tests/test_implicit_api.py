@@ -14,6 +14,7 @@ import pytest
 from conftest import random_ratings
 from reference import implicit_half_step
 
+from cumf_dask.cli import main
 from cumf_dask.data.spill import build_store
 from cumf_dask.errors import ConfigError, StoreError
 from cumf_dask.implicit import ImplicitALS, ranking_metrics_at_k, train_test_split
@@ -255,9 +256,9 @@ output:
 """
 
 
-def test_cli_trains_evaluates_and_recommends_on_counts(tmp_path):
-    """Repeated (user, item) plays are summed at ingest; the model trains, evaluates and
-    recommends in the user's own ids."""
+def test_cli_trains_evaluates_and_recommends_on_counts(tmp_path, capsys, monkeypatch):
+    """Repeated (user, item) plays are summed at ingest; the model trains (in a subprocess: it
+    starts its own cluster), evaluates and recommends in the user's own ids."""
     rng = np.random.default_rng(0)
     plays = rng.integers(0, [60, 25], size=(1500, 2))  # repeats: summed to counts
     (tmp_path / "plays.csv").write_text(
@@ -266,11 +267,17 @@ def test_cli_trains_evaluates_and_recommends_on_counts(tmp_path):
     (tmp_path / "plays.yaml").write_text(CONFIG)
 
     def cli(*args):
-        proc = subprocess.run([sys.executable, "-m", "cumf_dask", *args, "--json"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=180)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout)
+        if args[0] == "train":
+            command = [sys.executable, "-m", "cumf_dask", *args, "--json"]
+            proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True,
+                                  timeout=180)  # fmt: skip
+            assert proc.returncode == 0, proc.stderr
+            return json.loads(proc.stdout)
+        capsys.readouterr()
+        assert main([*args, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
 
+    monkeypatch.chdir(tmp_path)
     summary = cli("train", "plays.yaml")
     assert summary["kind"] == "implicit" and summary["loss"] > 0
     model = summary["model"]
