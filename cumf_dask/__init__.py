@@ -17,6 +17,7 @@ from .errors import (
     StoreError,
     WorkerLostError,
 )
+from .implicit.model import ImplicitALS
 from .model import ALS
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ __all__ = [
     "CumfError",
     "CumfWarning",
     "DeviceMemoryError",
+    "ImplicitALS",
     "IngestError",
     "NotFittedError",
     "NumericalError",

@@ -163,3 +163,16 @@ def block_on_host(bands: Bands, threads: int = 1) -> Block:
 
     run([lambda i=i: place(i) for i in range(len(parts))], threads)
     return Block(indptr, indices, values, r0, c0, r1 - r0, c1 - c0)
+
+
+def select_columns(block: Block, columns: np.ndarray) -> Block:
+    """The entries of `block` in the given columns, renumbered 0..len(columns)-1 in that
+    order (host arrays; `columns` holds distinct local column indices)."""
+    position = np.full(block.n_cols, -1, np.int64)
+    position[np.asarray(columns, np.int64)] = np.arange(len(columns))
+    new = position[np.asarray(block.indices, np.int64)]
+    keep = new >= 0
+    kept = np.concatenate(([0], np.cumsum(keep)))
+    indptr = kept[np.asarray(block.indptr)].astype(np.int64)
+    return Block(indptr, new[keep].astype(np.int32), np.asarray(block.values)[keep], block.row0,
+                 0, block.n_rows, len(columns))  # fmt: skip

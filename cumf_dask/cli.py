@@ -133,7 +133,7 @@ def cmd_ingest(args: argparse.Namespace, out: Output) -> None:
             args.file, args.output, args.format, delimiter=args.delimiter, header=args.header,
             columns=columns, duplicates=args.duplicates, m=args.m, n=args.n,
             rating_min=args.rating_min, rating_max=args.rating_max,
-            test_fraction=args.test_fraction, split_seed=args.split_seed,
+            test_fraction=args.test_fraction, split_seed=args.split_seed, split=args.split,
             tile_rows=args.tile_rows, tile_cols=args.tile_cols, overwrite=args.overwrite,
             progress=progress,
         )  # fmt: skip
@@ -245,6 +245,8 @@ def cmd_train(args: argparse.Namespace, out: Output) -> None:
         for key in ("train_rmse", "test_rmse"):
             if key in r:
                 parts.append(f"{key.replace('_', ' ')} {r[key]:.4f}")
+        if "loss" in r:
+            parts.append(f"loss {r['loss']:.6g}")
         out.log("  ".join(parts))
 
     with out.progress() as progress:
@@ -274,8 +276,13 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
     if args.k > model.shape_[1]:
         out.log(f"k={args.k} is more than the {model.shape_[1]:,} items: ranking metrics at "
                 f"k={model.shape_[1]:,}")  # fmt: skip
-    result: dict[str, Any] = {"train_rmse": model.rmse(store, kind="train")}
-    if store.has_test:
+    if getattr(model, "implicit", False):
+        from .implicit.metrics import ranking_metrics_at_k
+
+        result: dict[str, Any] = ranking_metrics_at_k(model, store, k=args.k)  # type: ignore[arg-type]
+    else:
+        result = {"train_rmse": model.rmse(store, kind="train")}
+    if store.has_test and not getattr(model, "implicit", False):
         result["test_rmse"] = model.rmse(store, kind="test")
         result.update(ranking_metrics(model, store, k=args.k, threshold=args.threshold,
                                       max_users=args.users))  # fmt: skip
@@ -299,8 +306,13 @@ def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
         _check_shape(model, store, store_url)
     index = _lookup(args.user, model.user_ids_, model.shape_[0])
     n = model.shape_[1]
-    top, scores = model.recommend([index], k=min(args.k, n), exclude_seen=store is not None,
-                                  store=store)  # fmt: skip
+    if getattr(model, "implicit", False):
+        top, scores = model.recommend(  # type: ignore[call-arg]
+            [index], k=min(args.k, n), filter_already_liked_items=store is not None, store=store
+        )
+    else:
+        top, scores = model.recommend([index], k=min(args.k, n), exclude_seen=store is not None,
+                                      store=store)  # fmt: skip
     found = top[0] >= 0  # -1: no item left to recommend in that place
     if args.k > int(found.sum()):
         out.log(
@@ -430,7 +442,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--delimiter")
     i.add_argument("--header", action=argparse.BooleanOptionalAction, default=None)
     i.add_argument("--columns", help="user,item,rating columns: names or 0-based positions")
-    i.add_argument("--duplicates", choices=["error", "last", "mean"], default="error")
+    i.add_argument("--duplicates", choices=["error", "last", "mean", "sum"], default="error",
+                   help="repeated (user, item) pairs; sum adds counts")  # fmt: skip
+    i.add_argument("--split", choices=["pairs", "users"], default="pairs",
+                   help="hold out a share of all pairs, or of each user's (keeps every user)")
     i.add_argument("--m", type=int, help="declared rows: ids are indices in [0, m)")
     i.add_argument("--n", type=int, help="declared columns")
     i.add_argument("--rating-min", type=float, help="declared scale: a rating below is an error")

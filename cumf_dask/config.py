@@ -24,6 +24,7 @@ import yaml
 
 from .checks import check_fraction, check_number, check_positive_int, check_scale
 from .data.duplicates import DuplicatePolicy
+from .data.hashing import SplitKind
 from .errors import ConfigError
 
 Reduction = Literal["scatter", "two-phase", "one"]
@@ -76,6 +77,7 @@ class DataConfig:
     overwrite: bool = False  # rebuild the store even if a complete one exists
     test_fraction: float = 0.1  # held-out share (deterministic by seed), 0 for none
     split_seed: int = 0
+    split: SplitKind = "pairs"  # ingest: share of all pairs | "users": of each user's, never all
     tile_rows: int | None = None  # rows per tile (None: chosen from the shape)
     tile_cols: int | None = None
     generate: GenerateConfig = field(default_factory=GenerateConfig)
@@ -84,13 +86,27 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    """The ALS model: weighted-lambda regularized, as in the cuMF paper."""
+    """The ALS model: explicit ratings (cuMF's weighted lambda) or implicit feedback."""
 
+    kind: Literal["explicit", "implicit"] = "explicit"  # implicit: counts, Hu et al.
     factors: int = 10  # f, the latent dimension
-    regularization: float = 0.05  # lambda (multiplied by each row's rating count)
+    regularization: float = 0.05  # lambda
+    # weighted: lambda * n_u (cuMF) | plain: lambda | auto: weighted explicit, plain implicit
+    regularization_mode: Literal["auto", "weighted", "plain"] = "auto"
     iterations: int = 10  # full iterations (update X, then Theta)
     seed: int = 0  # initial factors
     precision: Literal["float32", "bfloat16"] = "float32"  # fixed-factor storage (bf16: half)
+    solver: Literal["cholesky", "cg"] = "cholesky"  # exact, or CG steps from the last factors
+    cg_steps: int = 3  # CG steps per row and half-step
+    alpha: float = 1.0  # implicit: confidence c = 1 + alpha r (or the log form)
+    confidence: Literal["linear", "log"] = "linear"  # log: c = 1 + alpha log(1 + r / eps)
+    eps: float = 1.0  # the log form's scale
+
+    def regularization_kind(self) -> str:
+        """'weighted' or 'plain' ('auto' resolved by the model kind)."""
+        if self.regularization_mode != "auto":
+            return self.regularization_mode
+        return "plain" if self.kind == "implicit" else "weighted"
 
 
 @dataclass
@@ -201,6 +217,9 @@ _RANGES: dict[str, Callable[[str, Any], None]] = {
     "model.factors": check_positive_int,
     "model.iterations": _at_least(0),
     "model.regularization": _at_least(0, inclusive=False),
+    "model.cg_steps": check_positive_int,
+    "model.alpha": _at_least(0),
+    "model.eps": _at_least(0, inclusive=False),
     "plan.p": check_positive_int,
     "plan.q": check_positive_int,
     "plan.x.p": check_positive_int,

@@ -50,6 +50,11 @@ class ALS:
         Storage precision of the fixed factor the Hermitians are built from; "bfloat16"
         halves its bytes (products and sums stay float32). Off by default; its measured
         error and speed are in benchmarks/RESULTS.md.
+    solver : {"cholesky", "cg"}
+        "cholesky" solves each row exactly; "cg" runs `cg_steps` conjugate-gradient steps
+        warm-started from the row's previous factor (as implicit does).
+    cg_steps : int
+        CG steps per row and half-step (solver "cg").
     plan : PlanConfig, optional
         Force p, q, the memory budget, residency or the reduction.
     checkpoint_dir : str, optional
@@ -80,6 +85,8 @@ class ALS:
         *,
         backend: str = "auto",
         precision: str = "float32",
+        solver: str = "cholesky",
+        cg_steps: int = 3,
         plan: PlanConfig | None = None,
         checkpoint_dir: str | None = None,
         evaluate: bool = True,
@@ -92,6 +99,8 @@ class ALS:
         self.seed = seed
         self.backend = backend
         self.precision = precision
+        self.solver = solver
+        self.cg_steps = cg_steps
         self.plan = plan
         self.checkpoint_dir = checkpoint_dir
         self.evaluate = evaluate
@@ -125,6 +134,7 @@ class ALS:
         self._check_params()
         store, tmp = self._as_store(data)
         try:
+            self._check_store(store)
             if client is not None:
                 self._fit(store, client, backend_on(client, self.backend), resume)
             else:
@@ -145,6 +155,17 @@ class ALS:
         check_number("regularization", self.regularization, 0, low_inclusive=False)
         check_number("iterations", self.iterations, 0, integer=True)
         check_choice("precision", self.precision, PRECISIONS)
+        self._params().spec()  # checks the solver and its options
+
+    def _params(self) -> ALSParams:
+        """The hyper-parameters the engine fits with (the implicit estimator adds its own)."""
+        return ALSParams(
+            self.factors, self.regularization, self.iterations, self.seed, self.precision,
+            solver=self.solver, cg_steps=self.cg_steps,
+        )  # fmt: skip
+
+    def _check_store(self, store: RatingsStore) -> None:
+        """Refuse data this model cannot fit (the explicit model fits any ratings)."""
 
     def _as_store(self, data: Any) -> tuple[RatingsStore, Any]:
         if isinstance(data, RatingsStore):
@@ -161,9 +182,7 @@ class ALS:
         )
 
     def _fit(self, store: RatingsStore, client: Any, backend: str, resume: bool) -> None:
-        params = ALSParams(
-            self.factors, self.regularization, self.iterations, self.seed, self.precision
-        )
+        params = self._params()
         result = fit(
             client, store, params, backend, plan_config=self.plan, evaluate=self.evaluate,
             checkpoint_dir=self.checkpoint_dir, resume=resume, callbacks=self.callbacks,
@@ -239,8 +258,8 @@ class ALS:
 
         `k` must be an integer >= 1. A `k` above the number of items n is clamped to n (with
         a CumfWarning). A user with fewer than k items left to recommend (the others seen in
-        training) gets them all, then item -1 with score NaN in the remaining places: -1
-        never matches an item, and no real score is ever -inf or NaN.
+        training) gets them all, then item -1 with score -inf in the remaining places (as
+        ImplicitALS does): -1 never matches an item, and no real score is -inf.
         """
         k = int(k) if isinstance(k, np.integer) else k
         check_number("k", k, 1, integer=True)
@@ -298,30 +317,44 @@ class ALS:
             arrays["user_ids"] = store.ids("rows")
             arrays["item_ids"] = store.ids("cols")
         attrs = {
-            "factors": self.factors,
-            "regularization": self.regularization,
-            "seed": self.seed,
+            **self._params().settings(),
             "m": self.shape_[0],
             "n": self.shape_[1],
             "metrics": self.metrics_,
             "format": MODEL_FORMAT,
             "version": MODEL_VERSION,
-            "iterations": self.iterations,
             "store": store.url if store is not None else None,
         }
         write_factors(path, arrays, attrs)
 
     @classmethod
+    def _init_from(cls, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Constructor arguments recorded in a saved model's attrs."""
+        return {
+            "factors": int(attrs["factors"]),
+            "regularization": float(attrs["regularization"]),
+            "iterations": int(attrs["iterations"]),
+            "seed": int(attrs["seed"]),
+            "solver": str(attrs.get("solver", "cholesky")),
+            "cg_steps": int(attrs.get("cg_steps", 3)),
+        }
+
+    @classmethod
     def load(cls, path: str | Path) -> ALS:
-        """A fitted model from :meth:`save` (factors on the host)."""
+        """A fitted model from :meth:`save` (factors on the host).
+
+        ``ALS.load`` reads any saved model (an implicit one as its :class:`ImplicitALS`);
+        ``ImplicitALS.load`` only implicit ones.
+        """
         attrs, arrays = read_factors(path, MODEL_FORMAT)
-        model = cls(
-            factors=int(attrs["factors"]),
-            regularization=float(attrs["regularization"]),
-            iterations=int(attrs["iterations"]),
-            seed=int(attrs["seed"]),
-            backend="numpy",
-        )
+        kind = attrs.get("kind", "explicit")
+        if kind == "implicit" and not getattr(cls, "implicit", False):
+            from .implicit.model import ImplicitALS
+
+            cls = ImplicitALS
+        elif kind != "implicit" and getattr(cls, "implicit", False):
+            raise StoreError(f"{path}: an explicit model; load it with ALS.load")
+        model = cls(**cls._init_from(attrs), backend="numpy")
         model.user_factors_ = arrays["user_factors"]
         model.item_factors_ = arrays["item_factors"]
         model.shape_ = (int(attrs["m"]), int(attrs["n"]))

@@ -23,7 +23,7 @@ from .engine.cluster import (
     worker_memory,
 )
 from .engine.plan import Plan, make_plan
-from .errors import IngestError, StoreError
+from .errors import ConfigError, IngestError, StoreError
 from .model import ALS
 from .paths import check_writable, is_url, normalize_url
 from .records import RunFolder
@@ -82,7 +82,7 @@ def ingest_from_config(
         ing.path, url if url is not None else cfg.store, ing.format, delimiter=ing.delimiter,
         header=ing.header, columns=ing.columns, duplicates=ing.duplicates, m=ing.m, n=ing.n,
         rating_min=ing.rating_min, rating_max=ing.rating_max, test_fraction=cfg.test_fraction,
-        split_seed=cfg.split_seed, tile_rows=cfg.tile_rows,
+        split_seed=cfg.split_seed, split=cfg.split, tile_rows=cfg.tile_rows,
         tile_cols=cfg.tile_cols, overwrite=cfg.overwrite, chunk_rows=chunk_rows,
         progress=progress,
     )  # fmt: skip
@@ -150,6 +150,30 @@ def predicted_and_measured(plan: Plan, metrics: list[dict[str, Any]]) -> dict[st
         measured = statistics.median(r[key] for r in steady) if steady else None
         out[h.label] = {"predicted": h.predicted.get("seconds"), "measured": measured}
     return out
+
+
+def make_model(config: Config, **options: Any) -> ALS:
+    """The estimator of ``config.model``: :class:`ALS`, or :class:`ImplicitALS` for
+    ``kind: implicit``; `options` are the estimators' shared keyword arguments."""
+    m = config.model
+    common = dict(
+        backend=config.cluster.backend, precision=m.precision, solver=m.solver,
+        cg_steps=m.cg_steps, **options,
+    )  # fmt: skip
+    if m.kind == "implicit":
+        from .implicit.model import ImplicitALS
+
+        return ImplicitALS(
+            m.factors, m.regularization, m.alpha, m.iterations, m.seed,
+            confidence=m.confidence, eps=m.eps, regularization_mode=m.regularization_kind(),
+            **common,
+        )  # fmt: skip
+    if m.regularization_kind() != "weighted":
+        raise ConfigError(
+            "model.regularization_mode: the explicit model uses weighted lambda; 'plain' is "
+            "for model.kind: implicit"
+        )
+    return ALS(m.factors, m.regularization, m.iterations, m.seed, **common)
 
 
 @dataclass
@@ -222,12 +246,9 @@ def _train(
         if progress:
             progress("train", metrics["iteration"], iterations)
 
-    model = ALS(
-        config.model.factors, config.model.regularization, iterations,
-        config.model.seed, backend=config.cluster.backend,
-        precision=config.model.precision, plan=config.plan,
+    model = make_model(
+        config, plan=config.plan, callbacks=[record], progress=progress,
         checkpoint_dir=str(run.checkpoints) if config.output.checkpoint else None,
-        callbacks=[record], progress=progress,
     )  # fmt: skip
     if progress:
         progress("train", 0, iterations)
@@ -252,8 +273,10 @@ def _train(
             sum(r["seconds"] for r in model.metrics_) / len(model.metrics_)
             if model.metrics_ else None
         ),
+        "kind": config.model.kind,
         "train_rmse": last.get("train_rmse"),
         "test_rmse": last.get("test_rmse"),
+        "loss": last.get("loss"),
         "planted_test_rmse": store.source.get("planted_test_rmse"),
         "model": str(run.model),
         "plot": str(plot) if plot else None,

@@ -222,3 +222,80 @@ def test_blocks_built_on_the_gpu_equal_the_host_ones(gpu, tmp_path):
     bands.slice(0).val[0] = np.nan
     with pytest.raises(StoreError, match="damaged store"):
         gpu.block_from_bands(bands)
+
+
+# ----------------------------------------------------------------------------- implicit, CG
+
+
+def _implicit(solver, **kw):
+    from cumf_dask.backend.objective import UpdateSpec
+
+    return UpdateSpec(0.05, weighted=False, implicit=True, alpha=3.0, solver=solver, **kw)
+
+
+@pytest.mark.parametrize("f", [1, 7, 8, 16, 33, 64, 100, 128, 200, 256, 300])
+@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+def test_implicit_kernels_match_numpy_backend(gpu, cpu, f, solver):
+    """Scaled rows in the Gram (vec and scalar staging), G0 in the fused update, CG on the
+    register tiles, CG and Cholesky from A in memory; above f = 256 cuSOLVER and the batched
+    CG on CuPy arrays."""
+    m, n = 150, 400
+    seed = int(np.random.default_rng().integers(1 << 30))
+    rows, _, _, block, fixed = _problem(m, n, f, 0.08, seed, empty_rows=[3], skew=0.8)
+    block = Block(block.indptr, block.indices, np.round(block.values) - 1, 0, 0, m, n)
+    counts = np.bincount(rows, minlength=m)
+    x0 = (np.random.default_rng(seed).random((m, f)) / np.sqrt(f)).astype(np.float32)
+    spec = _implicit(solver, cg_steps=3)
+    gram0 = fixed.astype(np.float64).T @ fixed
+    A, B = (gpu.to_host(a) for a in gpu.hermitian(gpu.block_to_device(block),
+                                                  gpu.asarray(fixed), spec))  # fmt: skip
+    A0, B0 = cpu.hermitian(block, fixed, spec)
+    assert rel_err(_lower(A), _lower(A0)) < 1e-5, seed
+    assert rel_err(B, B0) < 1e-5, seed
+    ref = cpu.solve(A0, B0, counts, spec, gram0=gram0, x0=x0)
+    X = gpu.to_host(gpu.solve(gpu.asarray(A0), gpu.asarray(B0), gpu.asarray(counts), spec,
+                              gram0=gpu.asarray(gram0), x0=gpu.asarray(x0)))  # fmt: skip
+    assert rel_err(X, ref) < 1e-4, seed
+    X = gpu.to_host(gpu.update(gpu.block_to_device(block), gpu.asarray(fixed),
+                               gpu.asarray(counts), spec, gram0=gpu.asarray(gram0),
+                               x0=gpu.asarray(x0)))  # fmt: skip
+    assert np.isfinite(X).all() and (X[3] == 0).all()
+    assert rel_err(X, cpu.update(block, fixed, counts, spec, gram0=gram0, x0=x0)) < 1e-4, seed
+
+
+@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+@pytest.mark.parametrize("long_row", [4096, 37])
+def test_implicit_long_rows_and_explicit_cg(cpu, solver, long_row):
+    """Rows split over blocks (atomics) take hermitian + solve with their x0 rows; the
+    explicit model's CG runs the same kernels without scaling."""
+    from cumf_dask.backend.cupy_backend import CupyBackend
+    from cumf_dask.backend.objective import UpdateSpec
+
+    gpu = CupyBackend(long_row=long_row)
+    m, n, f = 120, 3000, 32
+    rows, _, _, block, fixed = _problem(m, n, f, 0.05, 5, skew=1.0)
+    counts = np.bincount(rows, minlength=m)
+    x0 = (np.random.default_rng(1).random((m, f)) / np.sqrt(f)).astype(np.float32)
+    for spec in (_implicit(solver), UpdateSpec(0.05, solver=solver, cg_steps=2)):
+        X = gpu.to_host(gpu.update(gpu.block_to_device(block), gpu.asarray(fixed),
+                                   gpu.asarray(counts), spec, x0=gpu.asarray(x0)))  # fmt: skip
+        ref = cpu.update(block, fixed, counts, spec, x0=x0)
+        assert rel_err(X, ref) < 1e-4
+
+
+@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+def test_implicit_bfloat16_matches_numpy_emulation(solver):
+    from cumf_dask.backend import get_backend
+    from cumf_dask.backend.cupy_backend import CupyBackend
+
+    half, emu = CupyBackend(precision="bfloat16"), get_backend("numpy+bfloat16")
+    m, n, f = 150, 400, 64
+    rows, _, _, block, fixed = _problem(m, n, f, 0.08, 3, empty_rows=[3])
+    counts = np.bincount(rows, minlength=m)
+    spec = _implicit(solver)
+    gram0 = fixed.astype(np.float64).T @ fixed
+    stored = half.prepare_fixed(half.asarray(fixed))
+    X = half.to_host(half.update(half.block_to_device(block), stored, half.asarray(counts), spec,
+                                 gram0=half.asarray(gram0)))  # fmt: skip
+    ref = emu.update(block, emu.prepare_fixed(fixed), counts, spec, gram0=gram0)
+    assert rel_err(X, ref) < 1e-4

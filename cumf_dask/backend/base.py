@@ -5,13 +5,21 @@ its array module (``xp``): NumPy on the CPU, CuPy on the GPU.
 
 Shapes, for a block of ``r`` rows and a fixed factor of ``c`` rows and ``f`` columns:
 
-* ``hermitian(block, fixed) -> (A, B)``: ``A[u] = sum_v fixed[v] fixed[v]^T`` over the
-  ratings of row u in the block, ``(r, f, f)`` float32, valid in its **lower triangle**
-  (diagonal included; the upper triangle is unspecified); ``B[u] = sum_v r_uv fixed[v]``,
-  ``(r, f)``. Partial results over column parts add up elementwise.
-* ``solve(A, B, counts, lam) -> X``: ``X[u] = (A[u] + lam * counts[u] * I)^-1 B[u]``, the
-  weighted-lambda regularization added once, after any reduction. Rows with
-  ``counts[u] == 0`` get a zero factor (never NaN).
+* ``hermitian(block, fixed, spec) -> (A, B)``: ``A[u] = sum_v s_v^2 fixed[v] fixed[v]^T``
+  over the ratings of row u in the block, ``(r, f, f)`` float32, valid in its **lower
+  triangle** (diagonal included; the upper triangle is unspecified); ``B[u] = sum_v s_v t_v
+  fixed[v]``, ``(r, f)``. Explicit: s = 1, t = r; implicit: the confidence weights of
+  :mod:`.objective`. Partial results over column parts add up elementwise.
+* ``gram(fixed) -> G``: ``fixed^T fixed``, ``(f, f)``; partial Grams of row pieces add up.
+* ``solve(A, B, counts, spec, gram0=, x0=) -> X``: ``X[u] = (gram0 + A[u] + reg_u I)^-1 B[u]``
+  with reg_u = lam * counts[u] (weighted) or lam: G0 and the regularization are added once,
+  after any reduction. Rows with ``counts[u] == 0`` get a zero factor (never NaN). With the
+  CG solver, ``spec.cg_steps`` steps from ``x0`` (zeros when None) replace the Cholesky.
+* ``update(block, fixed, counts, spec, gram0=, x0=)``: hermitian then solve (p == 1).
+
+``spec`` is an :class:`~.objective.UpdateSpec`, or a bare lambda for cuMF's explicit model
+(weighted lambda, Cholesky); ``gram0`` is required by the implicit model's solve (the
+engine computes it once per half-step) and computed from ``fixed`` by ``update`` when absent.
 * ``pack``/``unpack``: the lower triangle as ``(r, f(f+1)/2)``: what moves between workers.
 * ``prepare_fixed(fixed)``: the fixed factor as the kernels read it. With ``precision =
   "bfloat16"`` its values are rounded to bfloat16 (the factors are stored at half the
@@ -28,6 +36,7 @@ import numpy as np
 
 from ..blocks import Bands, Block, block_on_host
 from ..checks import check_choice
+from .objective import UpdateSpec, as_spec, confidence_of
 
 PRECISIONS = ("float32", "bfloat16")  # storage of the fixed factor in the Gram build
 
@@ -42,8 +51,9 @@ class Backend(ABC):
         check_choice("precision", precision, PRECISIONS)
         self.precision = precision
 
-    def prepare(self, f: int) -> None:  # noqa: B027 - a hook: only the GPU has work to do
-        """Get ready to compute with f factors (the GPU compiles its kernels); no-op here."""
+    def prepare(self, f: int, spec: UpdateSpec | None = None) -> None:  # noqa: B027 - a hook
+        """Get ready to compute with f factors and that objective and solver (the GPU
+        compiles its kernels); no-op here."""
 
     def memory_capacity(self) -> int | None:
         """Bytes this process may allocate on its device; None where the worker's memory
@@ -80,17 +90,44 @@ class Backend(ABC):
 
     # ------------------------------------------------------------------ ALS kernels
     @abstractmethod
-    def hermitian(self, block: Block, fixed: Any) -> tuple[Any, Any]:
+    def hermitian(
+        self, block: Block, fixed: Any, spec: UpdateSpec | None = None
+    ) -> tuple[Any, Any]:
         """Partial (A, B) of the block's rows from the fixed factor's rows (see module doc)."""
 
     @abstractmethod
-    def solve(self, A: Any, B: Any, counts: Any, lam: float) -> Any:
-        """X from the reduced (A, B), adding lam * counts * I; zero rows where counts == 0."""
+    def solve(
+        self,
+        A: Any,
+        B: Any,
+        counts: Any,
+        lam: float | UpdateSpec,
+        *,
+        gram0: Any = None,
+        x0: Any = None,
+    ) -> Any:
+        """X from the reduced (A, B), adding gram0 and reg_u I; zero rows where counts == 0."""
 
-    def update(self, block: Block, fixed: Any, counts: Any, lam: float) -> Any:
+    def gram(self, fixed: Any) -> Any:
+        """fixed^T fixed (f, f), accumulated in float32 (float64 on the host)."""
+        return fixed.T @ fixed
+
+    def update(
+        self,
+        block: Block,
+        fixed: Any,
+        counts: Any,
+        lam: float | UpdateSpec,
+        *,
+        gram0: Any = None,
+        x0: Any = None,
+    ) -> Any:
         """hermitian then solve for a block that holds all of its rows' ratings (p == 1)."""
-        A, B = self.hermitian(block, fixed)
-        return self.solve(A, B, counts, lam)
+        spec = as_spec(lam)
+        if spec.implicit and gram0 is None:
+            gram0 = self.gram(fixed)
+        A, B = self.hermitian(block, fixed, spec)
+        return self.solve(A, B, counts, spec, gram0=gram0, x0=x0)
 
     # ------------------------------------------------------------------ packing
     def pack(self, A: Any) -> Any:
@@ -137,12 +174,24 @@ class Backend(ABC):
             return 0.0
         return self.squared_error(X, fixed, self.row_of(block), block.indices, block.values)
 
+    def implicit_terms(
+        self, X: Any, Theta: Any, rows: Any, cols: Any, vals: Any, spec: UpdateSpec
+    ) -> tuple[float, float]:
+        """(sum c (p - s)^2 - s^2, sum c) over stored entries, s = x_u . theta_v: what the
+        stored entries change in the implicit objective's sum over all pairs (which counts
+        each pair as c = 1, p = 0), and their total confidence. Python floats."""
+        xp = self.xp
+        s = self.predict(X, Theta, rows, cols).astype(xp.float64)
+        c = confidence_of(xp, xp.asarray(vals, xp.float64), spec)
+        p = (vals > 0).astype(xp.float64)
+        return float((c * (p - s) ** 2 - s * s).sum()), float(c.sum())
+
     def topk(self, X: Any, Theta: Any, k: int, seen: Block | None = None) -> tuple[Any, Any]:
         """Top-k columns by score X @ Theta^T for each row of X, skipping `seen` ratings.
 
         Returns (indices, scores), each (rows, min(k, columns)), best first. `seen` is a
         block over the same rows and all columns (its col0 must be 0). A row with fewer than
-        k columns not seen gets index -1 and score NaN in the places left over.
+        k columns not seen gets index -1 and score -inf in the places left over.
         """
         xp = self.xp
         k = min(max(int(k), 1), Theta.shape[0])
@@ -154,9 +203,7 @@ class Backend(ABC):
         order = xp.argsort(-top, axis=1)
         idx, top = xp.take_along_axis(part, order, axis=1), xp.take_along_axis(top, order, axis=1)
         if seen is not None and seen.nnz:
-            left_over = xp.isneginf(top)
-            idx[left_over] = -1
-            top[left_over] = xp.nan
+            idx[xp.isneginf(top)] = -1
         return idx, top
 
 

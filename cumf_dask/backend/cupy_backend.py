@@ -21,6 +21,14 @@ and B (row f), and the Cholesky factor of that extended matrix carries the forwa
 * ``update`` (the p == 1 hot path): one fused kernel per row, Gram -> lambda -> Cholesky
   -> both triangular solves -> x_u, so A never touches device memory. Long rows (and all
   rows for f > 256) go through ``hermitian`` + ``solve`` in row batches.
+* implicit feedback (:mod:`.objective`): the same kernels instantiated with ``IMPLICIT``:
+  each gathered row is scaled by its rating's s as its bin is staged, the appended value is
+  t, and the fused update starts its tiles from G0 = Y^T Y (one cuBLAS GEMM per half-step,
+  ``gram``); explicit kernels are compiled without either, so their code is unchanged.
+* ``solver="cg"``: the fused update (and ``cg_solve_kernel`` for A in memory) runs
+  ``cg_steps`` CG steps on the register tiles from the previous factors instead of the
+  Cholesky (the kernel comment in mo_als.cu); above f = 256 the generic batched CG of
+  :mod:`.objective` runs on CuPy arrays (a loop over the steps, not the rows).
 * ``precision="bfloat16"``: ``prepare_fixed`` stores the fixed factor as bfloat16 bits
   (uint16, rows padded to 16 bytes, ``bfloat16_rows``) and ``hermitian``/``update`` gather
   those (half the bytes per row), widening to float32 in shared memory: products and sums
@@ -41,6 +49,7 @@ from ..blocks import Bands, Block
 from ..compat import import_cupy
 from ..errors import out_of_memory_as
 from .base import Backend, round_bfloat16
+from .objective import UpdateSpec, as_spec, batched_cg, gram_weights, regularization, symmetric
 
 cp = import_cupy()
 
@@ -53,6 +62,7 @@ THREADS_PER_SM = 480  # kernels' register cap: this many resident threads per SM
 LONG_ROW = 4096  # rows with more ratings are split over several blocks (hermitian + solve)
 _SOURCE = Path(__file__).parent / "kernels" / "mo_als.cu"
 _ERROR_SOURCE = Path(__file__).parent / "kernels" / "error.cu"
+_INCLUDE = '#include "cg.cuh"'  # spliced in (CuPy's cache key is the text it compiles)
 _SMALLER = "plan smaller batches (a larger plan.q) so that a block fits the GPU"
 _ELEMENT = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}  # kernels' T by dtype
 
@@ -80,32 +90,45 @@ def systems_per_block(padded: int) -> int:
 
 
 def kernels(
-    padded: int, device: int, threads_per_sm: int = THREADS_PER_SM, element: str = "float"
+    padded: int,
+    device: int,
+    threads_per_sm: int = THREADS_PER_SM,
+    element: str = "float",
+    implicit: bool = False,
+    cg: bool = False,
 ) -> dict[str, Any]:
     """The compiled kernels for a padded size F on a device (compiled once per process).
 
     The kernels' register cap asks for ``threads_per_sm`` resident threads per SM.
     ``element``: the fixed factor's element type in the Gram kernels, "float" or "bf16".
+    ``implicit``: Gram kernels that scale rows (and the update that starts from G0);
+    ``cg``: the update runs CG instead of the Cholesky (and ``cg_solve`` is compiled).
     A thread that asks while another compiles the same kernels waits for it (the engine
     compiles them in the background while the blocks load).
     """
     with _COMPILING:
-        return _compile(padded, device, threads_per_sm, element)
+        return _compile(padded, device, threads_per_sm, element, implicit, cg)
 
 
 _COMPILING = threading.Lock()
 
 
 @cache
-def _compile(padded: int, device: int, threads_per_sm: int, element: str) -> dict[str, Any]:
+def _compile(
+    padded: int, device: int, threads_per_sm: int, element: str, implicit: bool, cg: bool
+) -> dict[str, Any]:
     threads, _ = launch_shape(padded)
     min_blocks = max(1, threads_per_sm // threads)
-    names = {"hermitian": f"hermitian_kernel<{padded}, {threads}, {min_blocks}, {element}>"}
+    shape = f"{padded}, {threads}, {min_blocks}"
+    imp, use_cg = str(implicit).lower(), str(cg).lower()
+    names = {"hermitian": f"hermitian_kernel<{shape}, {element}, {imp}>"}
     if padded <= padded_size(MAX_FUSED_F):
-        names["update"] = f"update_kernel<{padded}, {threads}, {min_blocks}, {element}>"
-        names["solve"] = f"solve_kernel<{padded}, {threads}, {min_blocks}>"
+        names["update"] = f"update_kernel<{shape}, {element}, {imp}, {use_cg}>"
+        names["solve"] = f"solve_kernel<{shape}>"
+        if cg:
+            names["cg_solve"] = f"cg_solve_kernel<{shape}>"
     module = cp.RawModule(
-        code=_SOURCE.read_text(), options=("-std=c++17",), name_expressions=list(names.values())
+        code=kernel_source(), options=("-std=c++17",), name_expressions=list(names.values())
     )
     return {key: module.get_function(name) for key, name in names.items()}
 
@@ -115,6 +138,12 @@ def _error_kernel(device: int) -> Any:
     """The squared-error kernel (kernels/error.cu), compiled once per device and process."""
     module = cp.RawModule(code=_ERROR_SOURCE.read_text(), options=("-std=c++17",))
     return module.get_function("squared_error_kernel")
+
+
+def kernel_source() -> str:
+    """mo_als.cu with the CG solver (cg.cuh, beside it) spliced in where it includes it."""
+    text = _SOURCE.read_text()
+    return text.replace(_INCLUDE, (_SOURCE.parent / "cg.cuh").read_text(), 1)
 
 
 def bfloat16_rows(fixed: Any) -> Any:
@@ -181,19 +210,29 @@ class CupyBackend(Backend):
         limit = cp.get_default_memory_pool().get_limit()
         return int(limit) if limit else int(cp.cuda.Device().mem_info[1])
 
-    def prepare(self, f: int) -> None:
-        """Compile (or load from CuPy's disk cache) the kernels for f factors."""
-        self._kernels(f, "bf16" if self.precision == "bfloat16" else "float")
+    def prepare(self, f: int, spec: UpdateSpec | None = None) -> None:
+        """Compile (or load from CuPy's disk cache) the kernels for f factors (and spec)."""
+        self._kernels(f, "bf16" if self.precision == "bfloat16" else "float", spec)
 
     def prepare_fixed(self, fixed: Any) -> Any:
         """float32: as given; bfloat16: stored as bfloat16 bits (``bfloat16_rows``)."""
         return fixed if self.precision == "float32" else bfloat16_rows(fixed)
 
     # ------------------------------------------------------------------ helpers
-    def _kernels(self, f: int, element: str = "float") -> dict[str, Any]:
+    def _kernels(
+        self, f: int, element: str = "float", spec: UpdateSpec | None = None
+    ) -> dict[str, Any]:
         if f > MAX_F:
             raise ValueError(f"the GPU backend supports f up to {MAX_F} factors, got {f}")
-        return kernels(padded_size(f), cp.cuda.Device().id, self.threads_per_sm, element)
+        implicit, cg = (spec.implicit, spec.cg) if spec is not None else (False, False)
+        return kernels(
+            padded_size(f), cp.cuda.Device().id, self.threads_per_sm, element, implicit, cg
+        )
+
+    @staticmethod
+    def _optional(x: Any) -> Any:
+        """A contiguous float32 device array, or None (a null pointer for the kernels)."""
+        return None if x is None else cp.ascontiguousarray(cp.asarray(x), dtype=cp.float32)
 
     def _csr(self, block: Block) -> tuple[Any, Any, Any]:
         return (
@@ -220,14 +259,26 @@ class CupyBackend(Backend):
         vec = fixed.shape[1] % 4 == 0 and fixed.data.ptr % 16 == 0
         return fixed, np.int32(vec)
 
-    def _gram(self, csr: tuple, fixed: Any, vec: np.int32, rows: Any, out: Any, A: Any, B: Any):
-        """A[out], B[out] = the Gram of `rows` (each with ratings; `out` int32). Rows of up to
-        long_row ratings are stored whole; longer ones are zeroed, then cut into segments on
-        several blocks whose partial tiles are added with atomics."""
+    def _gram(
+        self,
+        csr: tuple,
+        fixed: Any,
+        vec: np.int32,
+        rows: Any,
+        out: Any,
+        A: Any,
+        B: Any,
+        scale: Any = None,
+        spec: UpdateSpec | None = None,
+    ):
+        """A[out], B[out] = the Gram of `rows` (each with ratings; `out` int32), their fixed
+        rows scaled by `scale` (implicit; csr's values are then the t of each rating). Rows
+        of up to long_row ratings are stored whole; longer ones are zeroed, then cut into
+        segments on several blocks whose partial tiles are added with atomics."""
         indptr, indices, values = csr
         f = fixed.shape[1]
         threads, groups = launch_shape(padded_size(f))
-        kernel = self._kernels(f, _ELEMENT[fixed.dtype])["hermitian"]
+        kernel = self._kernels(f, _ELEMENT[fixed.dtype], spec)["hermitian"]
         lo, hi = indptr[rows], indptr[rows + 1]
         split = hi - lo > self.long_row
         short, long = cp.flatnonzero(~split), cp.flatnonzero(split)
@@ -239,33 +290,77 @@ class CupyBackend(Backend):
             launches.append((out[long][owner], seg_lo, seg_hi, np.int32(1)))
         for seg_out, seg_lo, seg_hi, atomic in launches:
             if seg_out.size:
-                args = (indices, values, fixed, np.int32(f), vec, seg_out)
+                args = (indices, values, scale, fixed, np.int32(f), vec, seg_out)
                 kernel((seg_out.size, groups), (threads,), (*args, seg_lo, seg_hi, atomic, A, B))
 
-    def _solve_all(self, A: Any, B: Any, counts: Any, lam: float, X: Any) -> None:
-        """X = (A + lam * counts I)^-1 B row by row (A's lower triangle), 0 where counts == 0.
+    def _solve_all(
+        self,
+        A: Any,
+        B: Any,
+        counts: Any,
+        spec: UpdateSpec,
+        X: Any,
+        gram0: Any = None,
+        x0: Any = None,
+    ) -> None:
+        """X = (G0 + A + reg I)^-1 B row by row (A's lower triangle), 0 where counts == 0;
+        CG from x0 with spec.solver "cg".
 
-        counts: int64. Own kernel up to MAX_FUSED_F; above, cuSOLVER batched Cholesky.
+        counts: int64. Own kernels up to MAX_FUSED_F; above, cuSOLVER batched Cholesky or the
+        generic batched CG on CuPy arrays.
         """
         n, f = B.shape
+        lam, weighted = np.float32(spec.lam), np.int32(spec.weighted)
         if f <= MAX_FUSED_F:
             threads, _ = launch_shape(padded_size(f))
+            found = self._kernels(f, spec=spec)
+            if spec.cg:
+                args = (A, B, np.int32(f), counts, lam, weighted, gram0, x0,
+                        np.int32(spec.cg_steps), X)  # fmt: skip
+                found["cg_solve"]((n,), (threads,), args)
+                return
             blocks = -(-n // systems_per_block(padded_size(f)))
-            args = (A, B, np.int32(f), np.int64(n), counts, np.float32(lam), X)
-            self._kernels(f)["solve"]((blocks,), (threads,), args)
+            args = (A, B, np.int32(f), np.int64(n), counts, lam, weighted, gram0, X)
+            found["solve"]((blocks,), (threads,), args)
             return
         import cupyx.lapack
 
         X[...] = 0
         rows = cp.flatnonzero(counts > 0)
         diag = cp.arange(f)
+        reg = regularization(cp, counts, spec).astype(cp.float32)
         step = max(1, BATCH_BYTES // (f * f * 4))
         for lo in range(0, rows.size, step):
             sel = rows[lo : lo + step]
             M = A[sel]
-            M[:, diag, diag] += (lam * counts[sel]).astype(cp.float32)[:, None]
-            # C-order A^T read as column-major lower = A's lower triangle.
-            X[sel] = cupyx.lapack.posv(M.transpose(0, 2, 1), B[sel])
+            if spec.cg:
+                M = symmetric(cp, M)
+            if gram0 is not None:
+                M += gram0 if spec.cg else cp.tril(gram0)
+            M[:, diag, diag] += reg[sel][:, None]
+            if spec.cg:
+                start = cp.zeros((sel.size, f), cp.float32) if x0 is None else x0[sel]
+                X[sel] = batched_cg(cp, M, B[sel], start, spec.cg_steps)
+            else:
+                # C-order A^T read as column-major lower = A's lower triangle.
+                X[sel] = cupyx.lapack.posv(M.transpose(0, 2, 1), B[sel])
+
+    def _weighted(self, block: Block, spec: UpdateSpec | None) -> tuple[tuple, Any]:
+        """The block's CSR with each value replaced by its t, and the scales s (None for
+        explicit ratings: csr as it is)."""
+        indptr, indices, values = self._csr(block)
+        scale, value = gram_weights(cp, values, spec)
+        if scale is None:
+            return (indptr, indices, values), None
+        return (indptr, indices, cp.ascontiguousarray(value)), cp.ascontiguousarray(scale)
+
+    def gram(self, fixed: Any) -> Any:
+        """fixed^T fixed in float32 (cuBLAS); bfloat16 bits are widened first."""
+        fixed = cp.asarray(fixed)
+        if fixed.dtype == cp.uint16:
+            fixed = (fixed.astype(cp.uint32) << 16).view(cp.float32)
+        fixed = fixed.astype(cp.float32, copy=False)
+        return fixed.T @ fixed
 
     def block_from_bands(self, bands: Bands, threads: int = 1) -> Block:
         """The CSR block built on the GPU, one band at a time as each finishes decoding (the
@@ -322,11 +417,13 @@ class CupyBackend(Backend):
         return float(out[0])
 
     # ------------------------------------------------------------------ ALS kernels
-    def hermitian(self, block: Block, fixed: Any) -> tuple[Any, Any]:
+    def hermitian(
+        self, block: Block, fixed: Any, spec: UpdateSpec | None = None
+    ) -> tuple[Any, Any]:
         with out_of_memory_as(f"building A, B for a block of {block.n_rows} rows", _SMALLER):
             fixed, vec = self._factor(fixed)
             f = fixed.shape[1]
-            csr = self._csr(block)
+            csr, scale = self._weighted(block, spec)
             # Rows with ratings are stored by _gram; only the others need zeros.
             A = cp.empty((block.n_rows, f, f), cp.float32)
             B = cp.empty((block.n_rows, f), cp.float32)
@@ -337,24 +434,51 @@ class CupyBackend(Backend):
                 B[empty] = 0
             rows = cp.flatnonzero(degree > 0).astype(cp.int32)
             if rows.size:
-                self._gram(csr, fixed, vec, rows, rows, A, B)
+                self._gram(csr, fixed, vec, rows, rows, A, B, scale, spec)
             return A, B
 
-    def solve(self, A: Any, B: Any, counts: Any, lam: float) -> Any:
+    def solve(
+        self,
+        A: Any,
+        B: Any,
+        counts: Any,
+        lam: float | UpdateSpec,
+        *,
+        gram0: Any = None,
+        x0: Any = None,
+    ) -> Any:
+        spec = as_spec(lam)
+        if spec.implicit and gram0 is None:
+            raise ValueError("the implicit model's solve needs gram0 (the fixed factor's Gram)")
         with out_of_memory_as(f"solving {B.shape[0]} systems", _SMALLER):
             A = cp.ascontiguousarray(cp.asarray(A), dtype=cp.float32)
             B = cp.ascontiguousarray(cp.asarray(B), dtype=cp.float32)
             X = cp.empty(B.shape, cp.float32)
             if B.shape[0]:
-                self._solve_all(A, B, self._counts(counts), lam, X)
+                self._solve_all(A, B, self._counts(counts), spec, X, self._optional(gram0),
+                                self._optional(x0) if spec.cg else None)  # fmt: skip
             return X
 
-    def update(self, block: Block, fixed: Any, counts: Any, lam: float) -> Any:
+    def update(
+        self,
+        block: Block,
+        fixed: Any,
+        counts: Any,
+        lam: float | UpdateSpec,
+        *,
+        gram0: Any = None,
+        x0: Any = None,
+    ) -> Any:
         """Fused hermitian + solve per row; long rows through split hermitian + solve."""
+        spec = as_spec(lam)
         with out_of_memory_as(f"updating a block of {block.n_rows} rows", _SMALLER):
+            if spec.implicit and gram0 is None:
+                gram0 = self.gram(fixed)
+            gram0 = self._optional(gram0) if spec.implicit else None
+            x0 = self._optional(x0) if spec.cg else None
             fixed, vec = self._factor(fixed)
             f = fixed.shape[1]
-            csr = self._csr(block)
+            csr, scale = self._weighted(block, spec)
             counts = self._counts(counts)
             X = cp.zeros((block.n_rows, f), cp.float32)
             degree = cp.diff(csr[0])
@@ -365,11 +489,11 @@ class CupyBackend(Backend):
                     # Longest rows first: they start early instead of forming the tail.
                     short = short[cp.argsort(-degree[short])].astype(cp.int32)
                     threads, _ = launch_shape(padded_size(f))
-                    self._kernels(f, _ELEMENT[fixed.dtype])["update"](
-                        (short.size,),
-                        (threads,),
-                        (*csr, fixed, np.int32(f), vec, counts, np.float32(lam), short, X),
-                    )
+                    args = (*csr, scale, fixed, np.int32(f), vec, counts,
+                            np.float32(spec.lam), np.int32(spec.weighted), gram0, x0,
+                            np.int32(spec.cg_steps), short, X)  # fmt: skip
+                    kernel = self._kernels(f, _ELEMENT[fixed.dtype], spec)["update"]
+                    kernel((short.size,), (threads,), args)
                 active &= degree > self.long_row
             rest = cp.flatnonzero(active).astype(cp.int32)
             step = max(1, BATCH_BYTES // (f * f * 4))
@@ -378,8 +502,9 @@ class CupyBackend(Backend):
                 local = cp.arange(rows.size, dtype=cp.int32)
                 A = cp.empty((rows.size, f, f), cp.float32)
                 B = cp.empty((rows.size, f), cp.float32)
-                self._gram(csr, fixed, vec, rows, local, A, B)
+                self._gram(csr, fixed, vec, rows, local, A, B, scale, spec)
                 Xb = cp.empty((rows.size, f), cp.float32)
-                self._solve_all(A, B, counts[rows], lam, Xb)
+                start = None if x0 is None else cp.ascontiguousarray(x0[rows])
+                self._solve_all(A, B, counts[rows], spec, Xb, gram0, start)
                 X[rows] = Xb
             return X

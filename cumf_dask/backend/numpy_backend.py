@@ -2,13 +2,20 @@
 
 Hermitian: rows are grouped by degree into buckets of one padded length L (geometric steps
 of 1.25, so padding wastes at most a quarter); each bucket gathers its fixed-factor rows
-into a ``(rows, L, f)`` array and one batched ``matmul`` gives every ``G_u^T G_u`` and
-``G_u^T r_u``. Padding uses an appended zero row of the fixed factor, so it adds nothing.
+into a ``(rows, L, f)`` array, scales them by s (implicit weights, :mod:`.objective`; not
+for explicit data), and one batched ``matmul`` gives every ``G_u^T G_u`` and ``G_u^T t_u``.
+Padding uses an appended zero row of the fixed factor and t = 0, so it adds nothing.
 
 Solve: Cholesky in float64 (``numpy.linalg.cholesky``, one LAPACK call per stack of 256
 systems), then forward and back substitution vectorized over the stack. It reads only the
 lower triangles, so nothing is mirrored; measured 2x faster than ``numpy.linalg.solve``
-on f = 50 (benchmarks/RESULTS.md).
+on f = 50 (benchmarks/RESULTS.md). CG: :func:`~.objective.batched_cg` on the same float64
+stacks (mirrored from their lower triangles), warm-started from x0. ``update`` with the CG
+solver does not form A for rows of up to ``MATRIX_FREE * f`` ratings (as implicit's CPU CG):
+each bucket's gathered rows G give ``A p = G0 p + G^T (s^2 * (G p)) + reg p`` in O(L f) per
+row and step instead of the Gram's O(L f^2), the same iterates in exact arithmetic. Longer
+rows form A (one float32 batched GEMM beats many matrix-vector products over a long G). The
+GPU forms A in registers for every row, where the Gram is the fast part (mo_als.cu).
 
 BLAS threads: inside Dask workers the engine pins BLAS to one thread (threadpoolctl); many
 small products are much slower with threads on small CPUs (DESIGN pitfalls).
@@ -22,9 +29,11 @@ import numpy as np
 
 from ..blocks import Block
 from .base import Backend
+from .objective import UpdateSpec, as_spec, batched_cg, gram_weights, regularization, symmetric
 
 _BUCKET_BYTES = 64 << 20  # gathered (rows, L, f) float32 per batched product
 _SOLVE_CHUNK = 256  # systems per batched Cholesky: small enough to stay in cache
+MATRIX_FREE = 2  # CG without forming A for rows of up to this many times f ratings
 
 
 def degree_buckets(degrees: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -51,7 +60,9 @@ class NumpyBackend(Backend):
     name = "numpy"
     xp = np
 
-    def hermitian(self, block: Block, fixed: Any) -> tuple[np.ndarray, np.ndarray]:
+    def hermitian(
+        self, block: Block, fixed: Any, spec: UpdateSpec | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         f = fixed.shape[1]
         A = np.zeros((block.n_rows, f, f), np.float32)
         B = np.zeros((block.n_rows, f), np.float32)
@@ -61,7 +72,9 @@ class NumpyBackend(Backend):
         zero_row = padded_fixed.shape[0] - 1
         indptr = np.asarray(block.indptr)
         indices = np.append(np.asarray(block.indices), zero_row)
-        values = np.append(np.asarray(block.values, np.float32), np.float32(0))
+        scale, value = gram_weights(np, np.asarray(block.values, np.float32), spec)
+        values = np.append(np.asarray(value, np.float32), np.float32(0))
+        scales = None if scale is None else np.append(scale, np.float32(0))
         pad_entry = indices.size - 1
         degrees = np.diff(indptr)
         for length, rows in degree_buckets(degrees):
@@ -72,23 +85,121 @@ class NumpyBackend(Backend):
                 entry = indptr[chunk, None] + offsets[None, :]
                 entry = np.where(offsets[None, :] < degrees[chunk, None], entry, pad_entry)
                 G = padded_fixed[indices[entry]]  # (rows, L, f)
+                if scales is not None:
+                    G *= scales[entry][:, :, None]
                 Gt = G.transpose(0, 2, 1)
                 A[chunk] = np.matmul(Gt, G)
                 B[chunk] = np.matmul(Gt, values[entry][:, :, None])[:, :, 0]
         return A, B
 
-    def solve(self, A: Any, B: Any, counts: Any, lam: float) -> np.ndarray:
+    def gram(self, fixed: Any) -> np.ndarray:
+        fixed = np.asarray(fixed, np.float64)
+        return fixed.T @ fixed
+
+    def solve(
+        self,
+        A: Any,
+        B: Any,
+        counts: Any,
+        lam: float | UpdateSpec,
+        *,
+        gram0: Any = None,
+        x0: Any = None,
+    ) -> np.ndarray:
+        spec = as_spec(lam)
+        if spec.implicit and gram0 is None:
+            raise ValueError("the implicit model's solve needs gram0 (the fixed factor's Gram)")
         counts = np.asarray(counts)
+        reg = regularization(np, counts, spec)
         f = A.shape[-1]
         X = np.zeros(B.shape, np.float32)
         rows = np.flatnonzero(counts > 0)
         diag = np.arange(f)
+        G0 = None if gram0 is None else np.asarray(gram0, np.float64)
         for lo in range(0, rows.size, _SOLVE_CHUNK):
             chunk = rows[lo : lo + _SOLVE_CHUNK]
             M = np.asarray(A[chunk], np.float64)
-            M[:, diag, diag] += lam * counts[chunk][:, None]
-            X[chunk] = cholesky_solve(M, np.asarray(B[chunk], np.float64))
+            if spec.cg:
+                M = symmetric(np, M)
+            if G0 is not None:
+                M += G0 if spec.cg else np.tril(G0)
+            M[:, diag, diag] += reg[chunk][:, None]
+            b = np.asarray(B[chunk], np.float64)
+            if spec.cg:
+                start = np.zeros(b.shape) if x0 is None else np.asarray(x0[chunk], np.float64)
+                X[chunk] = batched_cg(np, M, b, start, spec.cg_steps)
+            else:
+                X[chunk] = cholesky_solve(M, b)
         return X
+
+    def update(
+        self,
+        block: Block,
+        fixed: Any,
+        counts: Any,
+        lam: float | UpdateSpec,
+        *,
+        gram0: Any = None,
+        x0: Any = None,
+    ) -> np.ndarray:
+        spec = as_spec(lam)
+        if not spec.cg:
+            return super().update(block, fixed, counts, spec, gram0=gram0, x0=x0)
+        if spec.implicit and gram0 is None:
+            gram0 = self.gram(fixed)
+        return self._update_cg(block, fixed, np.asarray(counts), spec, gram0, x0)
+
+    def _update_cg(
+        self, block: Block, fixed: Any, counts: np.ndarray, spec: UpdateSpec, gram0: Any, x0: Any
+    ) -> np.ndarray:
+        """Matrix-free CG per degree bucket (module doc); rows without counts get zeros."""
+        f = fixed.shape[1]
+        X = np.zeros((block.n_rows, f), np.float32)
+        if block.nnz == 0:
+            return X
+        G0 = None if gram0 is None else np.asarray(gram0, np.float64)
+        reg = regularization(np, counts, spec)
+        padded_fixed = np.vstack([np.asarray(fixed, np.float32), np.zeros((1, f), np.float32)])
+        indptr = np.asarray(block.indptr)
+        indices = np.append(np.asarray(block.indices), padded_fixed.shape[0] - 1)
+        scale, value = gram_weights(np, np.asarray(block.values, np.float32), spec)
+        scale = np.ones(block.nnz, np.float32) if scale is None else scale
+        scale, value = np.append(scale, np.float32(0)), np.append(value, np.float32(0))
+        pad_entry = indices.size - 1
+        degrees = np.where(counts > 0, np.diff(indptr), 0)
+        start = np.zeros((block.n_rows, f)) if x0 is None else np.asarray(x0, np.float64)
+        diag = np.arange(f)
+        for length, rows in degree_buckets(degrees):
+            formed = length > MATRIX_FREE * f
+            step = max(1, _BUCKET_BYTES // (length * f * (4 if formed else 8)))
+            offsets = np.arange(length)
+            for lo in range(0, rows.size, step):
+                chunk = rows[lo : lo + step]
+                entry = indptr[chunk, None] + offsets[None, :]
+                entry = np.where(offsets[None, :] < degrees[chunk, None], entry, pad_entry)
+                G = padded_fixed[indices[entry]] * scale[entry][:, :, None]  # (rows, L, f)
+                Gt = G.transpose(0, 2, 1)
+                b = np.matmul(Gt, value[entry][:, :, None])[:, :, 0].astype(np.float64)
+                r = reg[chunk]
+                if formed:
+                    M = np.matmul(Gt, G).astype(np.float64)
+                    M[:, diag, diag] += r[:, None]
+                    op: Any = M if G0 is None else M + G0
+                else:
+                    op = _free_product(G.astype(np.float64), r, G0)
+                X[chunk] = batched_cg(np, op, b, start[chunk], spec.cg_steps)
+        return X
+
+
+def _free_product(G: np.ndarray, reg: np.ndarray, G0: np.ndarray | None) -> Any:
+    """p -> (G0 + G^T G + reg I) p for a stack, without forming G^T G (G: scaled rows)."""
+    Gt = G.transpose(0, 2, 1)
+
+    def product(p: np.ndarray) -> np.ndarray:
+        out = np.matmul(Gt, np.matmul(G, p[:, :, None]))[:, :, 0] + reg[:, None] * p
+        return out if G0 is None else out + p @ G0
+
+    return product
 
 
 def cholesky_solve(M: np.ndarray, b: np.ndarray) -> np.ndarray:

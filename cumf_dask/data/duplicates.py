@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import IngestError
 
-DuplicatePolicy = Literal["error", "last", "mean"]
+DuplicatePolicy = Literal["error", "last", "mean", "sum"]
 DUPLICATE_POLICIES: tuple[str, ...] = get_args(DuplicatePolicy)
 
 
@@ -26,7 +26,8 @@ def resolve_duplicates(
     policy: DuplicatePolicy,
     describe: Callable[[int, int, int, int], str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Collapse repeated (row, col) pairs: 'error' raises, 'last' keeps the latest, 'mean' averages.
+    """Collapse repeated (row, col) pairs: 'error' raises, 'last' keeps the latest, 'mean'
+    averages, 'sum' adds them up (counts of implicit feedback: plays, clicks).
 
     `seq` orders the records (input line or record number); `describe(row, col, seq1, seq2)`
     words the error for the user (original ids, file and lines).
@@ -46,8 +47,8 @@ def resolve_duplicates(
             else f"row {row[k]}, column {col[k]} (records {seq[k]} and {seq[k + 1]})"
         )
         raise IngestError(
-            f"duplicate rating for {text}; choose a duplicates policy: 'last' or 'mean' "
-            "(--duplicates / ingest.duplicates)"
+            f"duplicate rating for {text}; choose a duplicates policy: 'last', 'mean' or "
+            "'sum' (--duplicates / ingest.duplicates)"
         )
     start = np.concatenate(([True], ~same))
     first = np.flatnonzero(start)
@@ -55,5 +56,7 @@ def resolve_duplicates(
         last = np.concatenate((first[1:] - 1, [row.size - 1]))
         return row[last], col[last], val[last]
     sums = np.add.reduceat(val.astype(np.float64), first)
+    if policy == "sum":
+        return row[first], col[first], sums.astype(np.float32)
     counts = np.diff(np.concatenate((first, [row.size])))
     return row[first], col[first], (sums / counts).astype(np.float32)

@@ -2,7 +2,8 @@
 
 One implementation of the splitmix64 finalizer serves both users: the planted model
 (:mod:`.planted`, :mod:`.sampling`) hashes indices into keys, uniforms and normals, and
-:func:`split_mask` hashes (row, column, seed) into the train/test split of every builder.
+:func:`split_mask` hashes (row, column, seed) into the train/test split of every builder, and
+:func:`user_split_mask` into the split by user (a share of each row held out, never all).
 Array functions take the array module `xp` (NumPy or CuPy), so the generator can compute
 rating values on a GPU with the same hashes.
 """
@@ -10,13 +11,15 @@ rating values on a GPU with the same hashes.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 GOLDEN = 0x9E3779B97F4A7C15  # the splitmix64 increment (2^64 / golden ratio)
 _M64 = (1 << 64) - 1
 _SPLIT_OFFSET = 0x632BE59BD9B4E019  # keeps the split's hash apart from the model's streams
+SplitKind = Literal["pairs", "users"]  # the held-out share: of all pairs, or of each row's
+SPLITS: tuple[str, ...] = get_args(SplitKind)
 
 
 def splitmix(x: int) -> int:
@@ -75,3 +78,26 @@ def split_mask(row: np.ndarray, col: np.ndarray, fraction: float, seed: int) -> 
         z ^= col.astype(np.uint64) + np.uint64(_SPLIT_OFFSET) + np.uint64(seed & (2**63 - 1))
         z = mix(np, z)
     return (z >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53) < fraction
+
+
+def user_split_mask(row: np.ndarray, col: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """True for ratings held out: for each row with n ratings, the round(fraction n) whose hash
+    of (row, col, seed) is smallest, but never all n, so every row keeps a training rating.
+
+    Needs all of a row's ratings at once (a builder applies it band by band); independent of
+    their order. Repeated pairs share a hash, so give each pair once (resolve duplicates
+    first) or they may fall on both sides.
+    """
+    row, col = np.asarray(row, np.int64), np.asarray(col, np.int64)
+    test = np.zeros(row.shape, bool)
+    if fraction <= 0 or row.size == 0:
+        return test
+    key = unit(np, hash64(np, stream_key(seed, 0x5EED), row * np.int64(1 << 32) + col))
+    order = np.lexsort((col, key, row))
+    sorted_rows = row[order]
+    starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
+    sizes = np.diff(np.r_[starts, row.size])
+    held = np.minimum(np.floor(fraction * sizes + 0.5).astype(np.int64), sizes - 1)
+    rank = np.arange(row.size) - np.repeat(starts, sizes)
+    test[order] = rank < np.repeat(held, sizes)
+    return test

@@ -48,6 +48,7 @@ import pandas as pd  # a core dependency: chunked, C-speed text parsing
 from ..checks import MAX_RATING, check_positive_int, check_scale
 from ..errors import IngestError
 from .duplicates import DuplicatePolicy
+from .hashing import SplitKind
 from .readers import (
     Chunk,
     Column,
@@ -107,6 +108,7 @@ def ingest_file(
     rating_max: float | None = None,
     test_fraction: float = 0.0,
     split_seed: int = 0,
+    split: SplitKind = "pairs",
     tile_rows: int | None = None,
     tile_cols: int | None = None,
     overwrite: bool = False,
@@ -123,12 +125,14 @@ def ingest_file(
     delimiter, header, columns : override the format's (text formats; `columns` also for
         Parquet): the user, item and rating columns by name or 0-based position.
         ``header=None`` guesses: a header when line 1's rating field is not a number.
-    duplicates : repeated (user, item) pairs: ``"error"``, ``"last"`` (latest line wins) or
-        ``"mean"``.
+    duplicates : repeated (user, item) pairs: ``"error"``, ``"last"`` (latest line wins),
+        ``"mean"`` or ``"sum"`` (counts of implicit feedback).
     m, n : declared numbers of users and items: ids are then indices in [0, m) / [0, n).
     rating_min, rating_max : the declared rating scale (either may be None): a rating
         outside it is an error. Without a scale, ratings beyond +-1e9 are (module doc).
     test_fraction, split_seed : deterministic held-out share (by pair hash and seed).
+    split : ``"pairs"`` (that share of all pairs) or ``"users"`` (that share of each user's
+        pairs, never all of them: every user keeps a training rating).
     chunk_rows : lines (rows) per chunk: bounds the memory of reading.
     progress : ``progress(stage, done, total)``, see the module docstring.
     """
@@ -159,8 +163,8 @@ def ingest_file(
     return _ingest(
         chunks, url, files, _with_scale(source, rating_min, rating_max), m, n,
         scale=(rating_min, rating_max), duplicates=duplicates, test_fraction=test_fraction,
-        split_seed=split_seed, tile_rows=tile_rows, tile_cols=tile_cols, overwrite=overwrite,
-        progress=progress,
+        split_seed=split_seed, split=split, tile_rows=tile_rows, tile_cols=tile_cols,
+        overwrite=overwrite, progress=progress,
     )  # fmt: skip
 
 
@@ -176,6 +180,7 @@ def ingest_arrays(
     rating_max: float | None = None,
     test_fraction: float = 0.0,
     split_seed: int = 0,
+    split: SplitKind = "pairs",
     tile_rows: int | None = None,
     tile_cols: int | None = None,
     overwrite: bool = False,
@@ -204,8 +209,8 @@ def ingest_arrays(
         read_arrays(users, items, ratings, chunk_rows), url, Records(len(ratings)),
         _with_scale(source or {"kind": "arrays"}, rating_min, rating_max), m, n,
         scale=(rating_min, rating_max), duplicates=duplicates, test_fraction=test_fraction,
-        split_seed=split_seed, tile_rows=tile_rows, tile_cols=tile_cols, overwrite=overwrite,
-        progress=progress, expected_nnz=len(ratings),
+        split_seed=split_seed, split=split, tile_rows=tile_rows, tile_cols=tile_cols,
+        overwrite=overwrite, progress=progress, expected_nnz=len(ratings),
     )  # fmt: skip
 
 

@@ -5,7 +5,9 @@ for in-memory arrays (:func:`build_store`, used by ``ALS.fit`` on arrays). It va
 chunk, splits off the test share (:func:`~.hashing.split_mask`), spills it to per-band files
 on local disk, and at ``finalize`` resolves duplicates (:mod:`.duplicates`) and writes the
 bands one at a time with the band functions of :mod:`.bands`: memory stays bounded by one
-band, so inputs far larger than memory work.
+band, so inputs far larger than memory work. With ``split="users"`` the test share is taken
+per row at ``finalize`` instead (:func:`~.hashing.user_split_mask`: a share of each row's
+ratings, never all of them), where a band holds all of its rows' ratings.
 
 A builder holds its target's writer lock from construction (before any input is read) to
 ``finalize``/``abort`` (:func:`~.target.claim`). Its spill folder
@@ -33,7 +35,7 @@ from ..locks import owner_is_dead, owner_record, read_owner
 from ..paths import is_url, normalize_url
 from .bands import finish_store, init_store, transpose_band, write_band
 from .duplicates import DUPLICATE_POLICIES, DuplicatePolicy, resolve_duplicates
-from .hashing import split_mask
+from .hashing import SPLITS, SplitKind, split_mask, user_split_mask
 from .store import RatingsStore, default_tile
 from .target import check_target, claim, discard, publish, work_url
 
@@ -63,8 +65,10 @@ class StoreBuilder:
         overwrite: bool = False,
         expected_nnz: int | None = None,
         spill_dir: str | None = None,
+        split: SplitKind = "pairs",
     ):
         check_fraction("test_fraction", test_fraction)
+        check_choice("split", split, SPLITS)
         check_choice("duplicates", duplicates, DUPLICATE_POLICIES)
         url = normalize_url(url)
         check_positive_int("tile_rows", tile_rows, optional=True)
@@ -85,6 +89,7 @@ class StoreBuilder:
         # Spill files are cut by row band only, so the column tiles can wait for the shape.
         self.tile_cols = tile_cols
         self.test_fraction, self.split_seed = float(test_fraction), int(split_seed)
+        self.split = split
         self.duplicates: DuplicatePolicy = duplicates
         self.overwrite = overwrite
         self._records = 0
@@ -123,7 +128,8 @@ class StoreBuilder:
                 )
         self._max_row = max(self._max_row, int(row.max()))
         self._max_col = max(self._max_col, int(col.max()))
-        test = split_mask(row, col, self.test_fraction, self.split_seed)
+        by_pair = self.test_fraction if self.split == "pairs" else 0.0  # users: at finalize
+        test = split_mask(row, col, by_pair, self.split_seed)
         for kind, keep in (("row", ~test), ("test", test)):
             if keep.any():
                 self._spill_chunk(kind, row[keep], col[keep], val[keep], seq[keep])
@@ -181,14 +187,20 @@ class StoreBuilder:
             n_row_tiles = math.ceil(m / self.tile_rows)
             n_col_tiles = math.ceil(n / tile_cols)
             summaries: dict[str, list[dict[str, float]]] = {"row": [], "test": [], "col": []}
-            has_test = any(k == "test" for k, _ in self._bands)
+            by_user = self.split == "users" and self.test_fraction > 0
+            has_test = by_user or any(k == "test" for k, _ in self._bands)
             steps = (2 if has_test else 1) * n_row_tiles + n_col_tiles
             done = 0
             for kind in ("row", "test") if has_test else ("row",):
                 for band in range(n_row_tiles):
-                    if (kind, band) in self._bands:
-                        r, c, v, s = self._load(kind, band)
+                    source_kind = "row" if by_user else kind
+                    if (source_kind, band) in self._bands:
+                        r, c, v, s = self._load(source_kind, band)
                         r, c, v = resolve_duplicates(r, c, v, s, self.duplicates, describe)
+                        if by_user:
+                            test = user_split_mask(r, c, self.test_fraction, self.split_seed)
+                            keep = test if kind == "test" else ~test
+                            r, c, v = r[keep], c[keep], v[keep]
                     else:
                         r = c = np.zeros(0, np.int64)
                         v = np.zeros(0, np.float32)

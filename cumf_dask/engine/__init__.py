@@ -10,5 +10,9 @@
 
 :mod:`.cluster` makes clients and tells the planner what the workers have; :mod:`.watch`
 is how every wait of the engine fails fast (a lost or memory-starved worker) instead of
-hanging, and :mod:`.fit` recovers from a lost worker.
+hanging, and :mod:`.fit` recovers from a lost worker. What a row update solves (explicit
+ratings or implicit feedback, Cholesky or CG) is the backend's
+:class:`~cumf_dask.backend.objective.UpdateSpec`; the engine only adds what the implicit
+model and CG need: the fixed factor's Gram each half-step and the solved factor's previous
+iterate (:mod:`.halfstep`).
 """

@@ -3,8 +3,10 @@
 Each iteration runs update X (Theta fixed) then update Theta (X fixed) as SU-ALS half-steps
 (:mod:`.halfstep`), times both (the task that solves a factor piece checks that it is
 finite, on its worker: no extra task or round trip), scores train (and held-out) RMSE where
-the blocks live, writes an atomic checkpoint, and calls the callbacks with the iteration's
-record.
+the blocks live (the implicit model: its objective, see ``SUALSEngine.implicit_loss``),
+writes an atomic checkpoint, and calls the callbacks with the iteration's record. With the
+CG solver each half-step starts from the solved factor's previous iterate (X's first one is
+drawn from the seed like Theta's, stream 2), and a resumed fit restores both factors.
 
 What can go wrong, and what happens:
 
@@ -35,6 +37,7 @@ import numpy as np
 from distributed import Client
 
 from ..backend import backend_spec
+from ..backend.objective import UpdateSpec
 from ..callbacks import IterationCallback, Progress
 from ..checkpoint import Checkpointer
 from ..config import PlanConfig
@@ -72,22 +75,54 @@ REPLACE_S = 30.0  # how long a fit waits for lost workers to be replaced
 
 @dataclass(frozen=True)
 class ALSParams:
-    """The model's hyper-parameters, as the engine and its checkpoints need them."""
+    """The model's hyper-parameters, as the engine and its checkpoints need them.
+
+    ``kind``: "explicit" (ratings) or "implicit" (counts, Hu et al.; alpha, confidence and
+    eps define c = 1 + alpha r or 1 + alpha log(1 + r / eps)). ``regularization_mode``:
+    "weighted" (lambda n_u) or "plain" (lambda). See :mod:`cumf_dask.backend.objective`.
+    """
 
     factors: int
     regularization: float
     iterations: int
     seed: int = 0
     precision: str = "float32"
+    kind: str = "explicit"
+    alpha: float = 1.0
+    confidence: str = "linear"
+    eps: float = 1.0
+    regularization_mode: str = "weighted"
+    solver: str = "cholesky"
+    cg_steps: int = 3
+    init_scale: float | None = None  # initial factors uniform in [0, this); None: 1/sqrt(f)
+
+    def spec(self) -> UpdateSpec:
+        """What each row update solves, and how."""
+        return UpdateSpec(
+            self.regularization, weighted=self.regularization_mode == "weighted",
+            implicit=self.kind == "implicit", alpha=self.alpha, confidence=self.confidence,  # type: ignore[arg-type]
+            eps=self.eps, solver=self.solver, cg_steps=self.cg_steps,  # type: ignore[arg-type]
+        )  # fmt: skip
 
     def attrs(self, store: RatingsStore) -> dict[str, Any]:
-        """What a checkpoint or saved model records of the fit."""
+        """What a checkpoint records of the fit."""
+        return {**self.settings(), "m": store.m, "n": store.n}
+
+    def settings(self) -> dict[str, Any]:
+        """The hyper-parameters a checkpoint or saved model records."""
         return {
             "factors": self.factors,
             "regularization": self.regularization,
             "seed": self.seed,
-            "m": store.m,
-            "n": store.n,
+            "iterations": self.iterations,
+            "kind": self.kind,
+            "alpha": self.alpha,
+            "confidence": self.confidence,
+            "eps": self.eps,
+            "regularization_mode": self.regularization_mode,
+            "solver": self.solver,
+            "cg_steps": self.cg_steps,
+            "init_scale": self.init_scale,
         }
 
 
@@ -145,7 +180,7 @@ def fit(
             store.counts("row"), store.counts("col"), plan_config, backend, link=link,
         )  # fmt: skip
         engine = SUALSEngine(
-            client, store, plan, params.regularization, backend_spec(backend, params.precision),
+            client, store, plan, params.spec(), backend_spec(backend, params.precision),
             workers, has_compute_slots(client), read_threads(client, workers),
         )  # fmt: skip
         engine.preload(held_out=evaluate and store.has_test)
@@ -223,20 +258,26 @@ class _Run:
 
     # ------------------------------------------------------------------ starting points
     def _start(self, found: tuple[int, dict, dict] | None) -> _State:
-        """From a checkpoint (iteration, attrs, arrays), else from the seeded initial Theta."""
+        """From a checkpoint (iteration, attrs, arrays), else from the seeded initial Theta
+        (and, for the CG solver, a seeded initial X to start its first solve from)."""
         engine, store, params = self.engine, self.store, self.params
+        cg = params.solver == "cg"
         if found is None:
-            return _State(0, [], engine.initial(store.n, params.factors, params.seed))
+            scale = params.init_scale
+            theta = engine.initial(store.n, params.factors, params.seed, scale=scale)
+            X = engine.initial(store.m, params.factors, params.seed, 2, scale) if cg else None
+            return _State(0, [], theta, X)
         start, attrs, arrays = found
-        want = {"m": store.m, "n": store.n, "factors": params.factors}
-        got = {k: attrs.get(k) for k in want}
+        want = {"m": store.m, "n": store.n, "factors": params.factors, "kind": params.kind}
+        got = {k: attrs.get(k, "explicit" if k == "kind" else None) for k in want}
         if got != want:
             raise StoreError(
                 f"{self.checkpointer.directory}: the checkpoint is for {got}, this fit is "  # type: ignore[union-attr]
                 f"{want}; use another checkpoint_dir or resume=False"
             )
         theta = engine.from_host(arrays["item_factors"])
-        X = engine.from_host(arrays["user_factors"]) if start >= params.iterations else None
+        keep_x = cg or start >= params.iterations  # CG's starting point, or the final X
+        X = engine.from_host(arrays["user_factors"]) if keep_x else None
         return _State(start, list(attrs.get("metrics", [])), theta, X, restore=start)
 
     def _recover(self, lost: WorkerLost, state: _State, losses: int) -> _State:
@@ -278,8 +319,9 @@ class _Run:
         engine, store, params = self.engine, self.store, self.params
         for it in range(state.done + 1, params.iterations + 1):
             t0 = time.perf_counter()
-            X = engine.submit_half_step("x", state.theta, it)
-            theta = engine.submit_half_step("theta", X, it)  # starts as X's pieces appear
+            X = engine.submit_half_step("x", state.theta, it, previous=state.X)
+            theta = engine.submit_half_step("theta", X, it, previous=state.theta)  # starts as
+            # X's pieces appear
             self._wait(X, "x", it, state)
             t1 = time.perf_counter()
             self._wait(theta, "theta", it, state)
@@ -292,7 +334,9 @@ class _Run:
                 "x_seconds": t1 - t0,
                 "theta_seconds": t2 - t1,
             }
-            if self.evaluate:
+            if self.evaluate and engine.spec.implicit:
+                record.update(engine.implicit_loss(X, theta, it))
+            elif self.evaluate:
                 record["train_rmse"] = engine.rmse(X, theta, it, "train")
                 if store.has_test:
                     record["test_rmse"] = engine.rmse(X, theta, it, "test")

@@ -10,6 +10,14 @@ Update X (update Theta is the same with the roles swapped; the "col" orientation
   triangles and cut into slices; the reduction (:mod:`.reduce`) sums each slice and solves
   it. Weighted lambda is added once, in the solve, after the reduction.
 
+Implicit feedback (:mod:`cumf_dask.backend.objective`) adds the fixed factor's Gram
+G0 = Y^T Y to every row's system: one small ``gram`` task per piece of the fixed factor, on
+the piece's worker, and one ``sum-gram`` task; the update (p == 1) and reduce-solve (p > 1)
+tasks take it as an input, so Dask moves the f x f result to each worker that needs it once.
+Like lambda it is added after the reduction: the partial Hermitians never include it. The CG
+solver warm-starts each row from its previous value: the rows of the previous iterate of the
+solved factor are gathered next to each update or reduce-solve task.
+
 Where each task runs is :mod:`.placement`'s decision. All q batches are submitted at once,
 so loading or computing batch j+1 overlaps batch j on every worker. Every wait goes through
 :class:`~.watch.Watch` (a lost or memory-paused worker raises instead of hanging), and
@@ -25,6 +33,7 @@ from typing import Any
 import numpy as np
 from distributed import Client, Future
 
+from ..backend.objective import UpdateSpec, as_spec
 from ..callbacks import Progress
 from ..data.store import RatingsStore
 from . import tasks
@@ -42,7 +51,7 @@ class SUALSEngine:
         client: Client,
         store: RatingsStore,
         plan: Plan,
-        lam: float,
+        spec: UpdateSpec | float,
         backend: str,
         workers: list[str],
         compute_slots: bool = False,
@@ -51,7 +60,7 @@ class SUALSEngine:
         self.client = client
         self.store = store
         self.plan = plan
-        self.lam = float(lam)
+        self.spec = as_spec(spec)
         self.backend = backend
         self.place = Placement(workers)
         self.run = uuid.uuid4().hex[:8]
@@ -143,30 +152,37 @@ class SUALSEngine:
         """Compile each worker's kernels in the background (not a compute task: loads and
         computations that need the kernels wait for the compile lock, not for this task)."""
         for k, worker in enumerate(self.place.workers):
-            self.submit(tasks.prepare, f, self.backend, key=f"prepare-{k}", worker=worker,
-                        compute=False)  # fmt: skip
+            self.submit(tasks.prepare, f, self.backend, self.spec, key=f"prepare-{k}",
+                        worker=worker, compute=False)  # fmt: skip
 
     # ------------------------------------------------------------------ factors
-    def initial(self, n_rows: int, f: int, seed: int) -> Factor:
-        """The seeded initial factor, one piece per worker."""
+    def initial(
+        self, n_rows: int, f: int, seed: int, stream: int = 1, scale: float | None = None
+    ) -> Factor:
+        """The seeded initial factor, one piece per worker (stream 1: Theta, 2: X; values
+        uniform in [0, scale), see :func:`~cumf_dask.factors.init_factor`)."""
         bounds = balanced_bounds(n_rows, len(self.place.workers))
         pieces: list[Piece] = []
+        owners = []
         for k in range(len(bounds) - 1):
             lo, hi = bounds[k], bounds[k + 1]
             fut = self.submit(
-                tasks.initial_factor, n_rows, f, seed, lo, hi, self.backend,
-                key=f"init-factor-{k}", worker=self.place.piece(k),
+                tasks.initial_factor, n_rows, f, seed, lo, hi, self.backend, stream, scale,
+                key=f"init-factor{stream}-{k}", worker=self.place.piece(k),
             )  # fmt: skip
             pieces.append((lo, hi, fut))
-        return Factor(n_rows, f, pieces)
+            owners.append(self.place.piece(k))
+        return Factor(n_rows, f, pieces, owners=owners)
 
     def from_host(self, array: np.ndarray) -> Factor:
         """A factor scattered to the workers from a host array (used when resuming)."""
         bounds = balanced_bounds(len(array), len(self.place.workers))
         pieces: list[Piece] = []
+        owners = []
         for k in range(len(bounds) - 1):
             lo, hi = bounds[k], bounds[k + 1]
             worker = self.place.piece(k)
+            owners.append(worker)
             [fut] = self.client.scatter([array[lo:hi]], workers=[worker])
             if not self.backend.startswith("numpy"):
                 fut = self.submit(
@@ -174,22 +190,46 @@ class SUALSEngine:
                     key=f"to-device-{k}-{uuid.uuid4().hex[:4]}", worker=worker, compute=False,
                 )  # fmt: skip
             pieces.append((lo, hi, fut))
-        return Factor(len(array), array.shape[1], pieces)
+        return Factor(len(array), array.shape[1], pieces, owners=owners)
+
+    def factor_gram(self, factor: Factor, name: str) -> Future:
+        """G = factor^T factor: one task per piece on its worker, then one sum task."""
+        grams = []
+        for k, ((_, _, fut), owner) in enumerate(zip(factor.pieces, factor.owners, strict=True)):
+            key = f"gram-{name}-piece{k}-{factor.version}"
+            grams.append(self.submit(tasks.gram, fut, self.backend, worker=owner, key=key))
+        return self.submit(
+            tasks.sum_grams, *grams, key=f"sum-gram-{name}-{factor.version}",
+            worker=factor.owners[0],
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ the half-step
     def half_step(
-        self, side: str, fixed: Factor, it: int, progress: Progress | None = None
+        self,
+        side: str,
+        fixed: Factor,
+        it: int,
+        progress: Progress | None = None,
+        previous: Factor | None = None,
     ) -> Factor:
         """Solve every row of one factor from the other (see module doc); waits for it."""
-        return self.wait(self.submit_half_step(side, fixed, it), side, progress)
+        return self.wait(self.submit_half_step(side, fixed, it, previous), side, progress)
 
-    def submit_half_step(self, side: str, fixed: Factor, it: int) -> Factor:
+    def submit_half_step(
+        self, side: str, fixed: Factor, it: int, previous: Factor | None = None
+    ) -> Factor:
         """Submit a half-step's graph and return at once: the solved factor's pieces are
         futures, so the next half-step can be submitted behind it and starts as soon as
-        they exist (no round trip through this process in between)."""
+        they exist (no round trip through this process in between). `previous`: the solved
+        factor's previous iterate, where the CG solver starts from."""
         h = self.plan.half(side)
+        gram0 = None
+        if self.spec.implicit:
+            gram0 = self.factor_gram(fixed, "Theta" if side == "x" else "X")
+        warm = previous if self.spec.cg else None
         build = self._model_parallel if h.p == 1 else self._data_parallel
-        return Factor(h.n_rows, h.f, build(h, fixed, it))
+        pieces, owners = build(h, fixed, it, gram0, warm)
+        return Factor(h.n_rows, h.f, pieces, owners=owners)
 
     def wait(self, factor: Factor, side: str, progress: Progress | None = None) -> Factor:
         """Wait for a submitted half-step; `progress(stage, done, total)` as its batches
@@ -206,21 +246,37 @@ class SUALSEngine:
         self.watch.wait([f for _, _, f in factor.pieces], on_done=report)
         return factor
 
-    def _model_parallel(self, h: HalfStepPlan, fixed: Factor, it: int) -> list[Piece]:
+    def _warm(
+        self, h: HalfStepPlan, previous: Factor | None, lo: int, hi: int, worker: str, tag: str
+    ) -> Future | None:
+        """Rows [lo, hi) of the previous iterate on `worker` (None: no warm start)."""
+        if previous is None:
+            return None
+        return self.gather(previous, lo, hi, worker, f"warm-{h.label}-{tag}")
+
+    def _model_parallel(
+        self, h: HalfStepPlan, fixed: Factor, it: int, gram0: Any, previous: Factor | None
+    ) -> tuple[list[Piece], list[str]]:
         pieces: list[Piece] = []
+        owners = []
         for j in range(h.q):
             worker = self.place.block(h, 0, j)
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
+            x0 = self._warm(h, previous, lo, hi, worker, f"batch{j}-it{it}")
             fut = self.submit(
                 tasks.update, self.block(h, 0, j, it), self.fixed_on(h, fixed, 0, worker, it),
-                self.counts(h, lo, hi, worker), self.lam, self.backend,
+                self.counts(h, lo, hi, worker), self.spec, self.backend, gram0, x0,
                 key=f"update-{h.label}-batch{j}-it{it}", worker=worker,
             )  # fmt: skip
             pieces.append((lo, hi, fut))
-        return pieces
+            owners.append(worker)
+        return pieces, owners
 
-    def _data_parallel(self, h: HalfStepPlan, fixed: Factor, it: int) -> list[Piece]:
+    def _data_parallel(
+        self, h: HalfStepPlan, fixed: Factor, it: int, gram0: Any, previous: Factor | None
+    ) -> tuple[list[Piece], list[str]]:
         pieces: list[Piece] = []
+        owners = []
         reduction, workers = self.plan.reduction, self.place.workers
         for j in range(h.q):
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
@@ -232,7 +288,7 @@ class SUALSEngine:
                 sources.append(self.place.index(worker))
                 herm = self.submit(
                     tasks.hermitian_slices, self.block(h, i, j, it),
-                    self.fixed_on(h, fixed, i, worker, it), slices, self.backend,
+                    self.fixed_on(h, fixed, i, worker, it), slices, self.backend, self.spec,
                     key=f"hermitian-{h.label}-batch{j}-part{i}-it{it}", worker=worker,
                 )  # fmt: skip
                 for k in range(len(slices)):
@@ -249,12 +305,15 @@ class SUALSEngine:
                     partials[k], sources, self.place.index(target), reduction,
                     self.plan.groups, workers, self.submit, tag,
                 )  # fmt: skip
+                x0 = self._warm(h, previous, lo + a, lo + b, target, tag)
                 fut = self.submit(
-                    tasks.reduce_solve, self.counts(h, lo + a, lo + b, target), self.lam,
-                    h.f, self.backend, lo + a, *inputs, key=f"reduce-solve-{tag}", worker=target,
+                    tasks.reduce_solve, self.counts(h, lo + a, lo + b, target), self.spec,
+                    h.f, self.backend, lo + a, gram0, x0, *inputs, key=f"reduce-solve-{tag}",
+                    worker=target,
                 )  # fmt: skip
                 pieces.append((lo + a, lo + b, fut))
-        return pieces
+                owners.append(target)
+        return pieces, owners
 
     # ------------------------------------------------------------------ evaluation
     def rmse(self, X: Factor, Theta: Factor, it: int, split: str = "train") -> float:
@@ -277,6 +336,49 @@ class SUALSEngine:
         total = sum(r[0] for r in results)
         count = sum(r[1] for r in results)
         return float(np.sqrt(total / count)) if count else float("nan")
+
+    def implicit_loss(self, X: Factor, Theta: Factor, it: int) -> dict[str, float]:
+        """The implicit objective (:mod:`cumf_dask.backend.objective`) of (X, Theta), summed
+        over all m x n pairs without forming them: trace(X^T X Theta^T Theta) counts every pair
+        as c = 1, p = 0; the stored entries' tasks correct their own terms (where the X-side
+        blocks live); each factor piece adds its regularization. ``loss`` divides by the total
+        confidence of all pairs (implicit's ``calculate_loss``)."""
+        h = self.plan.x
+        blocks = []
+        for j in range(h.q):
+            lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
+            for i in range(h.p):
+                worker = self.place.block(h, i, j)
+                x_rows = self.gather(X, lo, hi, worker, f"gather-X-batch{j}-loss")
+                blocks.append(
+                    self.submit(
+                        tasks.block_implicit_loss, self.block(h, i, j, it), x_rows,
+                        self.fixed_on(h, Theta, i, worker, it), self.spec, self.backend,
+                        key=f"loss-batch{j}-part{i}-it{it}", worker=worker,
+                    )
+                )  # fmt: skip
+        terms = []
+        for factor, half in ((X, self.plan.x), (Theta, self.plan.theta)):
+            futures = []
+            for k, ((lo, hi, fut), owner) in enumerate(
+                zip(factor.pieces, factor.owners, strict=True)
+            ):
+                futures.append(
+                    self.submit(
+                        tasks.factor_terms, fut, self.counts(half, lo, hi, owner), self.spec,
+                        self.backend, key=f"terms-{half.label}-piece{k}-it{it}", worker=owner,
+                    )
+                )  # fmt: skip
+            terms.append(futures)
+        stored = self.client.gather(blocks)
+        (x_terms, theta_terms) = (self.client.gather(t) for t in terms)
+        gx = sum(g for g, _ in x_terms)
+        gt = sum(g for g, _ in theta_terms)
+        reg = sum(r for _, r in x_terms) + sum(r for _, r in theta_terms)
+        objective = float((gx * gt).sum()) + sum(s for s, _ in stored) + self.spec.lam * reg
+        store = self.store
+        total_confidence = store.m * store.n - store.nnz + sum(c for _, c in stored)
+        return {"loss": objective / total_confidence, "objective": objective}
 
     def release(self) -> None:
         """Let go of the resident blocks and counts held on the workers."""

@@ -52,6 +52,19 @@ class Session:
         X, Theta = self.factors_as_dask()
         return tuple(self.client.compute([X, Theta], sync=True))  # type: ignore[return-value]
 
+    def run_batches(
+        self, func: Any, shared: list[np.ndarray], batches: list[tuple], name: str
+    ) -> list[Any]:
+        """``func(*shared, *batch, backend)`` for each batch, one task each on the workers;
+        the `shared` host arrays are broadcast to every worker once."""
+        client, backend = self.client, self.engine.backend.partition("+")[0]
+        common = client.scatter(shared, broadcast=True, hash=False) if shared else []
+        futures = []
+        for i, batch in enumerate(batches):
+            key = f"{name}-batch{i}-{self.engine.run}-{uuid.uuid4().hex[:6]}"
+            futures.append(client.submit(func, *common, *batch, backend, key=key))
+        return client.gather(futures)
+
     def recommend(
         self,
         user_factors: np.ndarray,

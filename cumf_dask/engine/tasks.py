@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from ..backend import get_backend
-from ..blocks import Block
+from ..backend.objective import UpdateSpec
+from ..blocks import Block, select_columns
 from ..data.assemble import read_bands
 from ..data.store import Orientation, RatingsStore, Split
 from ..errors import out_of_memory_as
@@ -39,9 +40,9 @@ def load_block(
     return get_backend(backend).block_from_bands(bands, threads)
 
 
-def prepare(f: int, backend: str) -> None:
+def prepare(f: int, backend: str, spec: UpdateSpec | None = None) -> None:
     """Compile the backend's kernels for f factors (runs while the blocks load)."""
-    get_backend(backend).prepare(f)
+    get_backend(backend).prepare(f, spec)
 
 
 def load_counts(store: RatingsStore, orient: str, rows: tuple, backend: str) -> Any:
@@ -49,8 +50,17 @@ def load_counts(store: RatingsStore, orient: str, rows: tuple, backend: str) -> 
     return get_backend(backend).asarray(store.counts(orient, rows))
 
 
-def initial_factor(n_rows: int, f: int, seed: int, lo: int, hi: int, backend: str) -> Any:
-    return get_backend(backend).asarray(init_factor(n_rows, f, seed, lo, hi))
+def initial_factor(
+    n_rows: int,
+    f: int,
+    seed: int,
+    lo: int,
+    hi: int,
+    backend: str,
+    stream: int = 1,
+    scale: float | None = None,
+) -> Any:
+    return get_backend(backend).asarray(init_factor(n_rows, f, seed, lo, hi, stream, scale))
 
 
 def assemble(lo: int, hi: int, backend: str, pieces: list[tuple[int, int, Any]]) -> Any:
@@ -88,22 +98,51 @@ def finite(piece: Any, row0: int, backend: str) -> Any:
     raise NonFiniteFactor(int((~good).sum()), row0 + int(xp.argmax(bad_rows)))
 
 
-def update(block: Block, fixed: Any, counts: Any, lam: float, backend: str) -> Any:
-    """p == 1: hermitian and solve of one batch, on the worker holding the whole fixed factor."""
+def update(
+    block: Block,
+    fixed: Any,
+    counts: Any,
+    spec: UpdateSpec,
+    backend: str,
+    gram0: Any = None,
+    x0: Any = None,
+) -> Any:
+    """p == 1: hermitian and solve of one batch, on the worker holding the whole fixed factor.
+
+    gram0: the fixed factor's Gram (implicit); x0: the batch's previous rows (CG)."""
     be = get_backend(backend)
     with out_of_memory_as(_on(block), _SMALLER):
-        return finite(be.update(block, be.prepare_fixed(fixed), counts, lam), block.row0, backend)
+        X = be.update(block, be.prepare_fixed(fixed), counts, spec, gram0=gram0, x0=x0)
+    return finite(X, block.row0, backend)
 
 
 def hermitian_slices(
-    block: Block, fixed: Any, slices: list[tuple[int, int]], backend: str
+    block: Block,
+    fixed: Any,
+    slices: list[tuple[int, int]],
+    backend: str,
+    spec: UpdateSpec | None = None,
 ) -> list[tuple[Any, Any]]:
-    """p > 1: partial (packed A, B) of one block, cut into the reduce-scatter slices."""
+    """p > 1: partial (packed A, B) of one block, cut into the reduce-scatter slices
+    (without G0 or the regularization: both are added once, in the solve)."""
     be = get_backend(backend)
     with out_of_memory_as(_on(block), _SMALLER):
-        A, B = be.hermitian(block, be.prepare_fixed(fixed))
+        A, B = be.hermitian(block, be.prepare_fixed(fixed), spec)
         packed = be.pack(A)
     return [(packed[a:b], B[a:b]) for a, b in slices]
+
+
+def gram(piece: Any, backend: str) -> Any:
+    """The Gram piece^T piece (f, f) of one piece of a factor."""
+    return get_backend(backend).gram(piece)
+
+
+def sum_grams(*grams: Any) -> Any:
+    """The factor's Gram from its pieces' (one task: W small f x f matrices)."""
+    total = grams[0].copy()
+    for g in grams[1:]:
+        total += g
+    return total
 
 
 def sum_partials(*partials: tuple[Any, Any]) -> tuple[Any, Any]:
@@ -117,17 +156,46 @@ def sum_partials(*partials: tuple[Any, Any]) -> tuple[Any, Any]:
 
 
 def reduce_solve(
-    counts: Any, lam: float, f: int, backend: str, row0: int, *partials: tuple[Any, Any]
+    counts: Any,
+    spec: UpdateSpec,
+    f: int,
+    backend: str,
+    row0: int,
+    gram0: Any,
+    x0: Any,
+    *partials: tuple[Any, Any],
 ) -> Any:
-    """Final reduction of one slice (its first row is row0), then the weighted-lambda solve."""
+    """Final reduction of one slice (its first row is row0), then the solve (G0 and the
+    regularization added here)."""
     be = get_backend(backend)
     A, B = sum_partials(*partials)
-    return finite(be.solve(be.unpack(A, f), B, counts, lam), row0, backend)
+    X = be.solve(be.unpack(A, f), B, counts, spec, gram0=gram0, x0=x0)
+    return finite(X, row0, backend)
 
 
 def block_squared_error(block: Block, x_rows: Any, fixed: Any, backend: str) -> tuple[float, int]:
     """Sum of squared residuals over a block's ratings, and their count."""
     return get_backend(backend).block_squared_error(block, x_rows, fixed), block.nnz
+
+
+def block_implicit_loss(
+    block: Block, x_rows: Any, fixed: Any, spec: UpdateSpec, backend: str
+) -> tuple[float, float]:
+    """The stored entries' part of the implicit objective over a block, and their total
+    confidence: (sum c (p - s)^2 - s^2, sum c), s = x_u . y_v (see ``Backend.implicit_terms``)."""
+    be = get_backend(backend)
+    if block.nnz == 0:
+        return 0.0, 0.0
+    rows = be.row_of(block)
+    return be.implicit_terms(x_rows, fixed, rows, block.indices, block.values, spec)
+
+
+def factor_terms(piece: Any, counts: Any, spec: UpdateSpec, backend: str) -> tuple[Any, float]:
+    """(Gram, sum_u reg_u |x_u|^2 / lam) of one piece of a factor (counts: its rows' n_u)."""
+    be = get_backend(backend)
+    norms = (piece * piece).sum(axis=1)
+    weights = counts.astype(norms.dtype) if spec.weighted else 1
+    return np.asarray(be.to_host(be.gram(piece)), np.float64), float((norms * weights).sum())
 
 
 def recommend_batch(
@@ -148,6 +216,49 @@ def recommend_batch(
 def memory_capacity(backend: str) -> int | None:
     """What the worker's device may allocate (None on the CPU: its memory limit says it)."""
     return get_backend(backend).memory_capacity()
+
+
+def rank_batch(
+    theta: Any,
+    x_rows: np.ndarray,
+    k: int,
+    seen: Block | tuple[RatingsStore, np.ndarray] | None,
+    items: np.ndarray | None,
+    backend: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k rows of `theta` by x . theta for each row of `x_rows`, skipping `seen` (a block
+    over the same rows and all columns, or (store, rows): those rows' training ratings, read
+    here), among the candidate rows `items` when given (ids of the full theta come back).
+    Places left when fewer than k candidates remain: id -1, score -inf."""
+    be = get_backend(backend)
+    if isinstance(seen, tuple):
+        store, rows = seen
+        seen = store.rows_block(rows)
+    T = be.asarray(theta)
+    if items is not None:
+        T = T[be.asarray(items)]
+        if seen is not None:
+            seen = select_columns(seen, items)
+    if seen is not None:
+        seen = be.block_to_device(seen)
+    idx, score = be.topk(be.asarray(x_rows), T, k, seen)
+    idx, score = be.to_host(idx).astype(np.int64), be.to_host(score)
+    if items is not None:
+        idx = np.asarray(items, np.int64)[idx]
+    idx[~np.isfinite(score)] = -1
+    return idx, score
+
+
+def fold_in_batch(
+    theta: Any, gram0: Any, block: Block, spec: UpdateSpec, backend: str
+) -> np.ndarray:
+    """Factors of the rows of `block` (interactions of users not in the fit) against the
+    fitted `theta`, solved exactly (Cholesky), without changing the model."""
+    be = get_backend(backend)
+    counts = np.diff(np.asarray(block.indptr))
+    X = be.update(be.block_to_device(block), be.asarray(theta), be.asarray(counts), spec,
+                  gram0=be.asarray(gram0))  # fmt: skip
+    return be.to_host(X)
 
 
 def filler(nbytes: int, backend: str) -> Any:

@@ -17,15 +17,32 @@
 // gathered at half the bytes and widened to float32 in shared memory, so every product and
 // sum stays float32.
 //
+// Weighted rows (implicit feedback, cumf_dask/backend/objective.py): with a per-rating
+// scale s (`scale`, null for explicit ratings) the extended row is g_v = [s_v theta_v,
+// t_v, 0 ...], t_v the stored value, so the same Gram gives A = sum s^2 theta theta^T and
+// B = sum s t theta. Each thread scales the pieces of a bin it copied itself, after its own
+// cp.async wait and before the barrier that publishes the bin (Bins::ready): the inner loop
+// is unchanged and explicit ratings skip the pass. A row's system may add a dense G0
+// (`gram0`, the implicit model's Y^T Y, null otherwise) to its tiles before the solve, and
+// reg = lam * counts[u] (weighted) or lam.
+//
 // The Cholesky factor of the extended matrix [[A + reg I, B], [B^T, *]] carries
 // y = L^-1 B in its row f, so the tiled factorization also does the forward solve; a
 // tiled backward solve L^T x = y finishes. Indices >= f get a unit pivot, so the padding
 // never produces a NaN.
 //
+// CG (cg_solve): cg_steps steps of conjugate gradient on the same register tiles from a
+// warm start x0 (implicit's recurrence and its absolute 1e-20 thresholds). A p is one pass
+// of the tiles (each off-diagonal tile gives T p_J to block row I and T^T p_I to block row
+// J) into per-(I, J) slots in shared memory, summed in a fixed order (deterministic); dot
+// products are warp shuffles plus one barrier. About 5 barriers a step, against the
+// Cholesky's 5 per tile column.
+//
 // Kernels: hermitian_kernel (A, B of row segments, summed with atomics when a long row is
-// split), update_kernel (fused Gram -> Cholesky -> x_u per row, A stays on chip),
-// solve_kernel (the Cholesky from A in memory, several small systems per block). MINB, the
-// minimum resident blocks per SM given to __launch_bounds__, caps their registers.
+// split), update_kernel (fused Gram -> Cholesky or CG -> x_u per row, A stays on chip),
+// solve_kernel (the Cholesky from A in memory, several small systems per block),
+// cg_solve_kernel (CG from A in memory, one system per block). MINB, the minimum resident
+// blocks per SM given to __launch_bounds__, caps their registers.
 
 #define TILE 8
 #define CHUNK 12  // floats per tile chunk in a bin row: 8 used, 4 against bank conflicts
@@ -112,9 +129,11 @@ __device__ __forceinline__ void load_indices(int (&v)[ITERS], const int* __restr
 //                           the next ready() (false when NBUF >= 3 float bins rotate);
 //   init()                  once per block, before the first stage;
 //   stage(buf, e0, nk)      issue the cp.async copies of ratings [e0, e0 + nk) into buffer buf;
-//   ready(buf, nk)          after this thread's copies of buf completed: the float bin of
-//                           those ratings (BIN rows of ROW floats), valid after a barrier.
-template <int F, int NT, typename T>
+//   ready(buf, e0, nk)      after this thread's copies of buf completed: the float bin of
+//                           those ratings (BIN rows of ROW floats, each fixed-factor row
+//                           scaled by its rating's s when `scale` is given), valid after a
+//                           barrier.
+template <int F, int NT, typename T, bool SCALED>
 struct Bins;
 
 // float32 rows: three float bins filled directly by cp.async: bin b + 1 is staged into the
@@ -123,8 +142,8 @@ struct Bins;
 // thread t copies the 16-byte pieces c = t, t + NT, ... of the bin (row c / QUADS): a
 // fixed, unrolled pattern whose column indices are all loaded before the first copy is
 // issued. The padding after the rating column is zeroed once (init) and never copied into.
-template <int F, int NT>
-struct Bins<F, NT, float> {
+template <int F, int NT, bool SCALED>
+struct Bins<F, NT, float, SCALED> {
     static constexpr int BIN = Cfg<F>::BIN3, ROW = Cfg<F>::ROW, QUADS = Cfg<F>::QUADS;
     static constexpr int NBUF = 3;
     static constexpr bool END_BARRIER = false;
@@ -132,6 +151,7 @@ struct Bins<F, NT, float> {
     float* bins;
     const int* __restrict__ idx;
     const float* __restrict__ val;
+    const float* __restrict__ scale;
     const float* __restrict__ fixed;
     int f;
     bool vec;
@@ -167,7 +187,37 @@ struct Bins<F, NT, float> {
         for (int k = threadIdx.x; k < nk; k += NT) cp_async4(dst + k * ROWB + 4 * bin_col(f), val + e0 + k);
     }
 
-    __device__ __forceinline__ const float* ready(int buf, int) const { return bins + buf * BIN * ROW; }
+    // After this thread's copies of buf landed: scale the pieces it copied (the same
+    // pattern as stage) by their rating's s.
+    __device__ __forceinline__ const float* ready(int buf, long long e0, int nk) const {
+        float* bin = bins + buf * BIN * ROW;
+        if constexpr (SCALED) {
+            if (vec) {
+                constexpr int ITERS = (BIN * QUADS + NT - 1) / NT;
+#pragma unroll
+                for (int it = 0; it < ITERS; ++it) {
+                    const int c = threadIdx.x + it * NT;
+                    const int k = c / QUADS, col = 4 * (c - k * QUADS);
+                    if (k < nk && col < f) {
+                        const float sv = __ldg(scale + e0 + k);
+                        float4* q = reinterpret_cast<float4*>(bin + k * ROW + bin_col(col));
+                        float4 v = *q;
+                        v.x *= sv;
+                        v.y *= sv;
+                        v.z *= sv;
+                        v.w *= sv;
+                        *q = v;
+                    }
+                }
+            } else {
+                for (int c = threadIdx.x; c < nk * F; c += NT) {
+                    const int k = c / F, col = c - k * F;
+                    if (col < f) bin[k * ROW + bin_col(col)] *= __ldg(scale + e0 + k);
+                }
+            }
+        }
+        return bin;
+    }
 };
 
 // bfloat16 rows (bits in unsigned short; row stride round_up(f, 8), so every row starts on
@@ -176,8 +226,8 @@ struct Bins<F, NT, float> {
 // one float bin. A thread converts exactly the pieces it copied (and the ratings that fall
 // in them), so its own cp.async wait suffices before ready(); the barrier after ready()
 // publishes the float bin, and the barrier ending each gram() step protects it.
-template <int F, int NT>
-struct Bins<F, NT, bf16> {
+template <int F, int NT, bool SCALED>
+struct Bins<F, NT, bf16, SCALED> {
     static constexpr int BIN = Cfg<F>::BIN, ROW = Cfg<F>::ROW, PIECES = F / TILE;
     static constexpr int NBUF = 2;
     static constexpr bool END_BARRIER = true;  // one float bin, rewritten by every ready()
@@ -187,6 +237,7 @@ struct Bins<F, NT, bf16> {
     float* bin;  // followed by the two staging buffers
     const int* __restrict__ idx;
     const float* __restrict__ val;
+    const float* __restrict__ scale;
     const bf16* __restrict__ fixed;
     int f;
     bool vec;  // unused: bf16 rows are always copied in 16-byte pieces
@@ -212,7 +263,7 @@ struct Bins<F, NT, bf16> {
         }
     }
 
-    __device__ __forceinline__ const float* ready(int buf, int nk) {
+    __device__ __forceinline__ const float* ready(int buf, long long e0, int nk) {
         const unsigned char* src = staging(buf);
         const float* rating = reinterpret_cast<const float*>(src + 2 * BIN * F);
 #pragma unroll
@@ -223,11 +274,12 @@ struct Bins<F, NT, bf16> {
             uint4 w = make_uint4(0, 0, 0, 0);
             if (col < f) w = *reinterpret_cast<const uint4*>(src + 2 * (k * F + col));
             const unsigned h[4] = {w.x, w.y, w.z, w.w};
+            const float sv = SCALED ? __ldg(scale + e0 + k) : 1.0f;
             float g[TILE];
 #pragma unroll
             for (int j = 0; j < TILE; ++j) {
                 const float x = __uint_as_float(j & 1 ? h[j / 2] & 0xFFFF0000u : h[j / 2] << 16);
-                g[j] = col + j < f ? x : (col + j == f ? rating[k] : 0.0f);
+                g[j] = col + j < f ? x * sv : (col + j == f ? rating[k] : 0.0f);
             }
             float4* out = reinterpret_cast<float4*>(bin + k * ROW + col / TILE * CHUNK);
             out[0] = make_float4(g[0], g[1], g[2], g[3]);
@@ -237,21 +289,33 @@ struct Bins<F, NT, bf16> {
     }
 };
 
-// acc = this thread's tile (8 ib, 8 jb) of sum g_v g_v^T over ratings [lo, hi) of one row.
-// `smem` holds Bins<F, NT, T>::BYTES. Ends with a barrier, so the caller may reuse it at once.
+// acc = this thread's tile (8 ib, 8 jb) of sum g_v g_v^T over ratings [lo, hi) of one row
+// (plus G0's tile when SCALED and gram0 is given).
+// `smem` holds Bins<F, NT, T, SCALED>::BYTES; SCALED: rows scaled by `scale` (implicit).
+// Ends with a barrier, so the caller may reuse it at once.
 // The copies of bin b + 1 are in flight while bin b is computed.
-template <int F, int NT, typename T>
+template <int F, int NT, typename T, bool SCALED>
 __device__ __forceinline__ void gram(float (&acc)[TILE][TILE], void* smem,
                                      const int* __restrict__ idx, const float* __restrict__ val,
+                                     const float* __restrict__ scale,
                                      const T* __restrict__ fixed, int f, bool vec,
-                                     long long lo, long long hi, int i0, int j0, bool active) {
-    using Bin = Bins<F, NT, T>;
+                                     long long lo, long long hi, int i0, int j0, bool active,
+                                     const float* __restrict__ gram0 = nullptr) {
+    using Bin = Bins<F, NT, T, SCALED>;
     constexpr int BIN = Bin::BIN, NBUF = Bin::NBUF, ROW = Cfg<F>::ROW;
+    // The sum starts from G0's tile (the implicit model's Y^T Y; where i, j < f, both
+    // triangles of a diagonal tile, so it stays symmetric for the CG), else from zero:
+    // loaded before the loop, it costs no register the loop needs.
 #pragma unroll
     for (int r = 0; r < TILE; ++r)
 #pragma unroll
-        for (int c = 0; c < TILE; ++c) acc[r][c] = 0.0f;
-    Bin bins{static_cast<float*>(smem), idx, val, fixed, f, vec};
+        for (int c = 0; c < TILE; ++c) {
+            const int i = i0 + r, j = j0 + c;
+            acc[r][c] = (SCALED && gram0 != nullptr && active && i < f && j < f)
+                            ? __ldg(gram0 + (long long)i * f + j)
+                            : 0.0f;
+        }
+    Bin bins{static_cast<float*>(smem), idx, val, scale, fixed, f, vec};
     bins.init();
 
     const int n = (int)(hi - lo);
@@ -264,7 +328,7 @@ __device__ __forceinline__ void gram(float (&acc)[TILE][TILE], void* smem,
         cp_async_commit();
         cp_async_wait_prior1();
         const int nk = min(BIN, n - b * BIN);
-        const float* bin = bins.ready(buf, nk);
+        const float* bin = bins.ready(buf, lo + b * BIN, nk);
         buf = nbuf;
         __syncthreads();
         if (active) {
@@ -400,27 +464,29 @@ __device__ __forceinline__ void chol_solve(float (&acc)[TILE][TILE], int ib, int
     }
 }
 
+#include "cg.cuh"  // the CG solver (cupy_backend splices the file in here)
+
 // Partial Gram of row segments: block (s, g) adds tiles [g NT, g NT + NT) of segment s
 // (ratings [seg_lo[s], seg_hi[s]) of output row seg_out[s]) into A (rows, f, f, lower
-// triangle) and B (rows, f). With `atomic`, rows split over several segments sum up in
+// triangle) and B (rows, f), rows scaled by `scale` when SCALED. With `atomic`, rows split over several segments sum up in
 // place (A, B zeroed by the caller); without, each row has one segment and is stored.
 // MINB: minimum resident blocks per SM asked of the compiler (as for update_kernel).
-template <int F, int NT, int MINB, typename T>
+template <int F, int NT, int MINB, typename T, bool SCALED>
 __global__ void __launch_bounds__(NT, MINB)
     hermitian_kernel(const int* __restrict__ idx, const float* __restrict__ val,
-                     const T* __restrict__ fixed, int f, int vec,
+                     const float* __restrict__ scale, const T* __restrict__ fixed, int f, int vec,
                      const int* __restrict__ seg_out, const long long* __restrict__ seg_lo,
                      const long long* __restrict__ seg_hi, int atomic, float* __restrict__ A,
                      float* __restrict__ B) {
-    __shared__ __align__(16) unsigned char bins[Bins<F, NT, T>::BYTES];
+    __shared__ __align__(16) unsigned char bins[Bins<F, NT, T, SCALED>::BYTES];
     const int s = blockIdx.x;
     const int t = blockIdx.y * NT + threadIdx.x;
     const bool active = t < Cfg<F>::NTRI;
     int ib = 0, jb = 0;
     if (active) tile_of(t, Cfg<F>::NTILE, ib, jb);
     float acc[TILE][TILE];
-    gram<F, NT, T>(acc, bins, idx, val, fixed, f, vec != 0, seg_lo[s], seg_hi[s], ib * TILE,
-                   jb * TILE, active);
+    gram<F, NT, T, SCALED>(acc, bins, idx, val, scale, fixed, f, vec != 0, seg_lo[s], seg_hi[s],
+                   ib * TILE, jb * TILE, active);
     if (!active) return;
     const long long u = seg_out[s];
     float* Au = A + u * f * f;
@@ -449,37 +515,49 @@ __global__ void __launch_bounds__(NT, MINB)
     }
 }
 
-// Fused update of whole rows (p == 1): Gram in registers -> Cholesky -> solves -> x_u.
-// A never leaves the chip. Block b solves row u = rows[b] (counts[u] > 0), adding
-// lam * counts[u] to the diagonal. MINB is the minimum of resident blocks per SM asked of
-// the compiler: it caps the registers.
-template <int F, int NT, int MINB, typename T>
+// Fused update of whole rows (p == 1): Gram in registers (IMPLICIT: rows scaled by `scale`,
+// then + G0) -> Cholesky or CG -> x_u. A never leaves the chip. Block b solves row u = rows[b] (counts[u] > 0), adding
+// reg = lam * counts[u] (weighted) or lam to the diagonal; CG starts from x0[u] (zeros when
+// x0 is null). MINB is the minimum of resident blocks per SM asked of the compiler: it caps
+// the registers.
+template <int F, int NT, int MINB, typename T, bool IMPLICIT, bool CG>
 __global__ void __launch_bounds__(NT, MINB)
     update_kernel(const long long* __restrict__ indptr, const int* __restrict__ idx,
-                  const float* __restrict__ val, const T* __restrict__ fixed, int f, int vec,
-                  const long long* __restrict__ counts, float lam,
+                  const float* __restrict__ val, const float* __restrict__ scale,
+                  const T* __restrict__ fixed, int f, int vec,
+                  const long long* __restrict__ counts, float lam, int weighted,
+                  const float* __restrict__ gram0, const float* __restrict__ x0, int steps,
                   const int* __restrict__ rows, float* __restrict__ X) {
-    constexpr int BIN_BYTES = Bins<F, NT, T>::BYTES;
-    constexpr int BYTES = BIN_BYTES > (int)sizeof(CholSmem<F>) ? BIN_BYTES : (int)sizeof(CholSmem<F>);
+    constexpr int BIN_BYTES = Bins<F, NT, T, IMPLICIT>::BYTES;
+    constexpr int SOLVE_BYTES = CG ? (int)sizeof(CgSmem<F, NT>) : (int)sizeof(CholSmem<F>);
+    constexpr int BYTES = BIN_BYTES > SOLVE_BYTES ? BIN_BYTES : SOLVE_BYTES;
     __shared__ __align__(16) unsigned char smem[BYTES];
     const int u = rows[blockIdx.x];
     const bool active = threadIdx.x < Cfg<F>::NTRI;
     int ib = 0, jb = 0;
     if (active) tile_of(threadIdx.x, Cfg<F>::NTILE, ib, jb);
     float acc[TILE][TILE];
-    gram<F, NT, T>(acc, smem, idx, val, fixed, f, vec != 0, indptr[u], indptr[u + 1], ib * TILE,
-                   jb * TILE, active);
-    chol_solve<F>(acc, ib, jb, active, f, lam * (float)counts[u],
-                  *reinterpret_cast<CholSmem<F>*>(smem), X + (long long)u * f);
+    gram<F, NT, T, IMPLICIT>(acc, smem, idx, val, scale, fixed, f, vec != 0, indptr[u],
+                             indptr[u + 1], ib * TILE, jb * TILE, active, gram0);
+    const float reg = weighted ? lam * (float)counts[u] : lam;
+    if constexpr (CG) {
+        cg_solve<F, NT>(acc, ib, jb, active, f, reg, x0 == nullptr ? nullptr : x0 + (long long)u * f,
+                        steps, *reinterpret_cast<CgSmem<F, NT>*>(smem), X + (long long)u * f);
+    } else {
+        chol_solve<F>(acc, ib, jb, active, f, reg, *reinterpret_cast<CholSmem<F>*>(smem),
+                      X + (long long)u * f);
+    }
 }
 
-// Batched solve of X[u] = (A[u] + lam counts[u] I)^-1 B[u] for u < n, reading A's lower
-// triangle; zeros where counts[u] <= 0. A block solves SYS systems (several when the
-// tiles of one fill less than a warp), thread group s = threadIdx.x / NTRI solving one.
+// Batched solve of X[u] = (G0 + A[u] + reg_u I)^-1 B[u] for u < n (reg_u = lam counts[u]
+// when weighted, else lam; G0 when not null), reading A's lower triangle; zeros where
+// counts[u] <= 0. A block solves SYS systems (several when the tiles of one fill less than
+// a warp), thread group s = threadIdx.x / NTRI solving one.
 template <int F, int NT, int MINB>
 __global__ void __launch_bounds__(NT, MINB)
     solve_kernel(const float* __restrict__ A, const float* __restrict__ B, int f, long long n,
-                 const long long* __restrict__ counts, float lam, float* __restrict__ X) {
+                 const long long* __restrict__ counts, float lam, int weighted,
+                 const float* __restrict__ gram0, float* __restrict__ X) {
     constexpr int NTRI = Cfg<F>::NTRI, SYS = Cfg<F>::SYS;
     __shared__ CholSmem<F> sh[SYS];
     const int s = threadIdx.x / NTRI, t = threadIdx.x - s * NTRI;
@@ -500,11 +578,15 @@ __global__ void __launch_bounds__(NT, MINB)
         for (int c = 0; c < TILE; ++c) {
             const int j = jb * TILE + c;
             float v = 0.0f;
-            if (solve && i < f && j <= i) v = __ldg(Au + i * f + j);
-            else if (solve && i == f && j < f) v = __ldg(Bu + j);
+            if (solve && i < f && j <= i) {
+                v = __ldg(Au + i * f + j);
+                if (gram0 != nullptr) v += __ldg(gram0 + i * f + j);
+            } else if (solve && i == f && j < f) {
+                v = __ldg(Bu + j);
+            }
             acc[r][c] = v;
         }
     }
-    chol_solve<F>(acc, ib, jb, solve, f, solve ? lam * (float)counts[u] : 0.0f,
-                  sh[s < SYS ? s : 0], X + (solve ? u : 0) * f);
+    const float reg = solve ? (weighted ? lam * (float)counts[u] : lam) : 0.0f;
+    chol_solve<F>(acc, ib, jb, solve, f, reg, sh[s < SYS ? s : 0], X + (solve ? u : 0) * f);
 }

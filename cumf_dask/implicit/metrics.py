@@ -1,0 +1,138 @@
+"""Ranking metrics at k on held-out interactions, and a train/test split by user.
+
+Definitions (per user u with at least one held-out positive; npos = |test_u|, the top k
+ranked among the items u has no training interaction with; means over those users):
+
+* ``precision@k`` = hits / k, ``recall@k`` = hits / npos: the textbook ones.
+* ``capped_recall@k`` = sum_u hits / sum_u min(k, npos): what implicit 0.7.3 calls
+  "precision" (micro-averaged, its denominator capped at npos, so it is a recall that a
+  perfect ranking brings to 1). Reported under its own name for comparisons with implicit;
+  precision here is the textbook one, which does not reward users with few positives more.
+* ``map@k``: sum over hit ranks i (0-based) of hits-so-far / (i + 1), divided by min(k, npos)
+  (implicit's).
+* ``ndcg@k``: binary gains, DCG = sum over hits of 1 / log2(i + 2), divided by the ideal DCG of
+  min(k, npos) hits (implicit's).
+* ``auc@k``: implicit's k-limited AUC: the negatives ranked below each hit in the top k, the
+  negatives outside the top k counted as ranked halfway: ``(sum over misses of the hits
+  before them + (hits + npos) / 2 * (nneg - misses)) / (npos nneg)``; but nneg counts only
+  the items that could be ranked (n minus npos minus u's training items), where implicit
+  also counts the training items it filtered out of the ranking.
+
+The split (:func:`train_test_split`) holds out, for each user, ``round(test_fraction * n_u)``
+of their interactions but never all of them, so every user keeps at least one training
+interaction (implicit's own ``train_test_split`` draws each pair independently, so a user can
+end up with none). Which ones is decided by a hash of (user, item, seed): deterministic,
+independent of the input order (:func:`cumf_dask.data.hashing.user_split_mask`; stores built
+with ``split="users"``, config ``data.split: users``, hold out the same pairs).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..checks import check_fraction, check_positive_int
+from ..data.hashing import user_split_mask
+from ..data.store import RatingsStore
+from ..errors import StoreError
+
+if TYPE_CHECKING:
+    from .model import ImplicitALS
+
+Triple = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def train_test_split(
+    rows: Any, cols: Any, values: Any, test_fraction: float = 0.2, seed: int = 0
+) -> tuple[Triple, Triple]:
+    """((rows, cols, values) for training, the same held out): per user, round(test_fraction
+    n_u) interactions held out, at most n_u - 1 (see the module doc). Give each (user, item)
+    once (sum repeated counts first)."""
+    check_fraction("test_fraction", test_fraction)
+    rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
+    values = np.asarray(values)
+    test = user_split_mask(rows, cols, test_fraction, seed)
+    train = ~test
+    return (rows[train], cols[train], values[train]), (rows[test], cols[test], values[test])
+
+
+def ranking_metrics_at_k(
+    model: ImplicitALS,
+    test: RatingsStore | tuple,
+    k: int = 10,
+    *,
+    train: RatingsStore | tuple | None = None,
+    batch: int = 4096,
+) -> dict[str, float]:
+    """precision, recall, capped_recall, map, ndcg and auc at k (module doc) of a fitted model.
+
+    Parameters
+    ----------
+    test : RatingsStore (its held-out split) or (rows, items[, counts]) dense-index arrays
+        Held-out interactions; those with a count <= 0 are not positives.
+    train : RatingsStore or (rows, items[, counts]), optional
+        The training interactions, filtered out of each user's ranking: by default the
+        store the model was fitted on (a store given as `test`: its training split).
+    """
+    check_positive_int("k", k)
+    n_items = model.item_factors_.shape[0]
+    if isinstance(test, RatingsStore):
+        if not test.has_test:
+            raise StoreError(
+                f"{test.url}: the store has no held-out interactions; build it with a test "
+                "fraction, or pass test=(rows, items) arrays"
+            )
+        t_rows, t_cols, t_vals = test.read_coo("row", split="test")
+        train = test if train is None else train
+    else:
+        t_rows, t_cols = np.asarray(test[0], np.int64), np.asarray(test[1], np.int64)
+        t_vals = np.asarray(test[2]) if len(test) > 2 else np.ones(t_rows.size)
+    keep = t_vals > 0
+    t_rows, t_cols = t_rows[keep], t_cols[keep]
+    users, pos = np.unique(t_rows, return_inverse=True)
+    if users.size == 0:
+        raise StoreError("no held-out positive interactions to rank")
+    if isinstance(train, tuple):
+        r, c = np.asarray(train[0], np.int64), np.asarray(train[1], np.int64)
+        at = np.clip(np.searchsorted(users, r), 0, users.size - 1)
+        mine = users[at] == r
+        user_items = (at[mine], c[mine], np.ones(int(mine.sum()), np.float32))
+        n_train = np.bincount(at[mine], minlength=users.size)
+        top, _ = model.recommend(users, k, user_items=user_items, batch=batch)
+    else:
+        store = train if train is not None else model._seen_store(None)
+        n_train = store.counts("row")[users]
+        top, _ = model.recommend(users, k, store=store, batch=batch)
+    return _metrics(top, pos, t_cols, n_items, n_train, k)
+
+
+def _metrics(
+    top: np.ndarray, pos: np.ndarray, cols: np.ndarray, n_items: int, n_train: np.ndarray, k: int
+) -> dict[str, float]:
+    """The module doc's metrics from each user's top (U, k) (-1: no item) and the held-out
+    (user position, item) pairs."""
+    n_users, width = top.shape
+    truth = np.unique(pos * np.int64(n_items) + cols)
+    npos = np.bincount(pos, minlength=n_users).astype(np.float64)
+    valid = top >= 0
+    hits = valid & np.isin(np.arange(n_users)[:, None] * np.int64(n_items) + top, truth)
+    found = hits.sum(axis=1)
+    capped = np.minimum(k, npos)
+    before = np.cumsum(hits, axis=1)
+    ranks = np.arange(1, width + 1)
+    gains = 1.0 / np.log2(ranks + 1)
+    ideal = np.cumsum(1.0 / np.log2(np.arange(2, k + 2)))[capped.astype(np.int64) - 1]
+    misses = valid & ~hits
+    nneg = np.maximum(n_items - npos - n_train, 1)
+    auc = (np.where(misses, before, 0).sum(axis=1)
+           + (found + npos) / 2 * (nneg - misses.sum(axis=1))) / (npos * nneg)  # fmt: skip
+    return {
+        f"precision@{k}": float(np.mean(found / k)),
+        f"recall@{k}": float(np.mean(found / npos)),
+        f"capped_recall@{k}": float(found.sum() / capped.sum()),
+        f"map@{k}": float(np.mean((hits * before / ranks).sum(axis=1) / capped)),
+        f"ndcg@{k}": float(np.mean((hits * gains).sum(axis=1) / ideal)),
+        f"auc@{k}": float(np.mean(auc)),
+        "users": int(n_users),
+    }

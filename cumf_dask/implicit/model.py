@@ -1,0 +1,337 @@
+"""ImplicitALS: implicit-feedback ALS (Hu, Koren, Volinsky) on cumf-dask's SU-ALS engine."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from ..backend.objective import CONFIDENCES, UpdateSpec
+from ..checks import check_choice, check_number
+from ..data.store import RatingsStore
+from ..engine import tasks
+from ..engine.fit import ALSParams
+from ..errors import ConfigError
+from ..model import ALS
+from .ids import IdLayer, interactions_block
+
+REGULARIZATION_MODES = ("plain", "weighted")
+
+
+class ImplicitALS(ALS):
+    """Alternating least squares for implicit feedback (counts, clicks, plays).
+
+    Each stored count r_ui > 0 is a preference p_ui = 1 with confidence c_ui = 1 + alpha r_ui
+    (or 1 + alpha log(1 + r_ui / eps)); every other pair has p = 0, c = 1. The model minimizes
+    ``sum_{u,i} c_ui (p_ui - x_u . y_i)^2`` plus the regularization over all m x n pairs,
+    without forming them: per row it solves ``(Y^T Y + Y_u^T (C_u - I) Y_u + reg_u I) x_u =
+    Y_u^T C_u p_u`` (:mod:`cumf_dask.backend.objective`), on every plan, backend and number of
+    workers the explicit :class:`~cumf_dask.ALS` runs on.
+
+    Why a sibling estimator (a subclass sharing the engine, the fit loop, checkpoints, save
+    and load) rather than ``ALS(implicit=True)``: the explicit estimator's parameters,
+    defaults and methods stay exactly as they are, while this one can take implicit's defaults
+    (factors 100, lambda 0.01, plain lambda, 15 iterations, CG with 3 steps) and its method
+    names and arguments (``recommend(..., filter_already_liked_items=, items=)``,
+    ``similar_items``, ``similar_users``, ``recalculate_user``, ``user_factors``).
+
+    Differences from implicit 0.7.3, on purpose: implicit uses the stored value times alpha as
+    the confidence (c = alpha r, so binary data with its default alpha = 1 gives c = 1), where
+    this model uses the paper's c = 1 + alpha r: implicit's model on counts r is this one's
+    with ``alpha = 0`` on binary data, and implicit fed the matrix 1 + alpha R with its
+    alpha = 1 is exactly this model. Places left when fewer than k candidates remain come back
+    as id -1 with score -inf (implicit returns filtered items with score -FLT_MAX). Methods
+    take and return dense indices, through one id layer (:mod:`.ids`).
+
+    Parameters
+    ----------
+    factors : int
+        f, the latent dimension.
+    regularization : float
+        lambda.
+    alpha : float
+        Confidence slope (>= 0): c = 1 + alpha r (``confidence="linear"``) or
+        1 + alpha log(1 + r / eps) ("log").
+    iterations : int
+        Full iterations (update users, then items).
+    seed : int
+        Seed of the initial factors.
+    confidence : {"linear", "log"}
+    eps : float
+        The log form's scale.
+    regularization_mode : {"plain", "weighted"}
+        "plain": lambda on every row (implicit's); "weighted": lambda times the row's number of
+        interactions (cuMF's).
+    solver : {"cg", "cholesky"}
+        "cg": ``cg_steps`` conjugate-gradient steps per row, warm-started from the previous
+        factors (implicit's); "cholesky": the exact solve.
+    cg_steps : int
+    init_scale : float
+        Initial factors are uniform in [0, init_scale) (implicit's 0.01).
+    backend, precision, plan, checkpoint_dir, evaluate, callbacks, progress
+        As for :class:`~cumf_dask.ALS`. ``evaluate`` records the objective each iteration
+        (``loss``: divided by the total confidence, implicit's ``calculate_loss``).
+
+    Attributes
+    ----------
+    user_factors_ : ndarray (m, f), also ``user_factors``
+    item_factors_ : ndarray (n, f), also ``item_factors``
+    metrics_ : list of dict
+        Per iteration: iteration, seconds, x_seconds, theta_seconds, loss, objective.
+    plan_ : Plan
+    """
+
+    implicit = True
+
+    def __init__(
+        self,
+        factors: int = 100,
+        regularization: float = 0.01,
+        alpha: float = 1.0,
+        iterations: int = 15,
+        seed: int = 0,
+        *,
+        confidence: str = "linear",
+        eps: float = 1.0,
+        regularization_mode: str = "plain",
+        solver: str = "cg",
+        cg_steps: int = 3,
+        init_scale: float = 0.01,
+        backend: str = "auto",
+        precision: str = "float32",
+        plan: Any = None,
+        checkpoint_dir: str | None = None,
+        evaluate: bool = True,
+        callbacks: Any = (),
+        progress: Any = None,
+    ):
+        super().__init__(
+            factors, regularization, iterations, seed, backend=backend, precision=precision,
+            solver=solver, cg_steps=cg_steps, plan=plan, checkpoint_dir=checkpoint_dir,
+            evaluate=evaluate, callbacks=callbacks, progress=progress,
+        )  # fmt: skip
+        self.alpha = alpha
+        self.confidence = confidence
+        self.eps = eps
+        self.regularization_mode = regularization_mode
+        self.init_scale = init_scale
+
+    def __repr__(self) -> str:
+        fitted = f", fitted {self.shape_[0]:,} x {self.shape_[1]:,}" if self._fitted else ""
+        return (
+            f"ImplicitALS(factors={self.factors}, regularization={self.regularization}, "
+            f"alpha={self.alpha}, iterations={self.iterations}, solver={self.solver!r}, "
+            f"backend={self.backend!r}{fitted})"
+        )
+
+    # ------------------------------------------------------------------ fitting
+    def _params(self) -> ALSParams:
+        check_choice("regularization_mode", self.regularization_mode, REGULARIZATION_MODES)
+        check_choice("confidence", self.confidence, CONFIDENCES)
+        check_number("alpha", self.alpha, 0)
+        check_number("init_scale", self.init_scale, 0, low_inclusive=False)
+        return ALSParams(
+            self.factors, self.regularization, self.iterations, self.seed, self.precision,
+            kind="implicit", alpha=self.alpha, confidence=self.confidence, eps=self.eps,
+            regularization_mode=self.regularization_mode, solver=self.solver,
+            cg_steps=self.cg_steps, init_scale=self.init_scale,
+        )  # fmt: skip
+
+    def _check_store(self, store: RatingsStore) -> None:
+        low = store.stats.get("min")
+        if low is not None and low < 0:
+            raise ConfigError(
+                f"{store.url}: implicit feedback needs counts >= 0, the store holds {low:g}; "
+                "use the explicit ALS for signed ratings"
+            )
+
+    def _as_store(self, data: Any) -> tuple[RatingsStore, Any]:
+        """Also a SciPy sparse user x item matrix, as implicit's ``fit(user_items)``."""
+        if hasattr(data, "tocoo"):
+            coo = data.tocoo()
+            data = (coo.row, coo.col, coo.data, coo.shape)
+        return super()._as_store(data)
+
+    @classmethod
+    def _init_from(cls, attrs: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **super()._init_from(attrs),
+            "alpha": float(attrs["alpha"]),
+            "confidence": str(attrs["confidence"]),
+            "eps": float(attrs["eps"]),
+            "regularization_mode": str(attrs["regularization_mode"]),
+            "init_scale": float(attrs.get("init_scale") or 0.01),
+        }
+
+    @classmethod
+    def load(cls, path: str | Path) -> ImplicitALS:
+        return cast(ImplicitALS, super().load(path))
+
+    # ------------------------------------------------------------------ implicit's names
+    @property
+    def user_factors(self) -> np.ndarray:
+        self._check_fitted()
+        return self.user_factors_
+
+    @property
+    def item_factors(self) -> np.ndarray:
+        self._check_fitted()
+        return self.item_factors_
+
+    @property
+    def _ids(self) -> IdLayer:
+        self._check_fitted()
+        return IdLayer(self.user_factors_.shape[0], self.item_factors_.shape[0])
+
+    def _spec(self) -> UpdateSpec:
+        return self._params().spec()
+
+    # ------------------------------------------------------------------ batches
+    def _run(self, func: Any, shared: list[np.ndarray], batches: list[tuple], name: str):
+        """Batches as tasks on the fit's workers while its client is open, else here."""
+        session = getattr(self, "_session", None)
+        if session is None:
+            return [func(*shared, *batch, "numpy") for batch in batches]
+        return session.run_batches(func, shared, batches, name)
+
+    def _seen_store(self, store: RatingsStore | str | None) -> RatingsStore:
+        store = store if store is not None else getattr(self, "_store", None)
+        url = getattr(self, "store_url_", None)
+        if store is None and url:
+            store = url
+        if store is None:
+            raise ConfigError(
+                "filtering liked items needs the training store (store=) or user_items"
+            )
+        return RatingsStore.open(store) if isinstance(store, str) else store
+
+    def recalculate_user(self, user_items: Any, *, batch: int = 4096) -> np.ndarray:
+        """Factors of users from their interactions, without refitting (fold-in).
+
+        Each row of `user_items` (a SciPy sparse matrix with one row per user and one column
+        per item, or (rows, items, counts) arrays) is solved exactly against the fitted item
+        factors, as one more user half-step would: ``(Y^T Y + Y_u^T (C_u - I) Y_u + reg I) x =
+        Y_u^T C_u p_u``. The model does not change. Batches run on the workers while the fit's
+        client is open. Returns (rows, f) float32.
+        """
+        self._check_fitted()
+        n_rows = user_items.shape[0] if hasattr(user_items, "shape") else None
+        if n_rows is None:
+            rows = np.asarray(user_items[0], np.int64)
+            n_rows = int(rows.max()) + 1 if rows.size else 0
+        block = interactions_block(user_items, n_rows, self.item_factors_.shape[0])
+        return self._fold_in(block, batch)
+
+    def _fold_in(self, block: Any, batch: int) -> np.ndarray:
+        from ..blocks import take_rows
+
+        theta = self.item_factors_
+        gram0 = theta.astype(np.float64).T @ theta.astype(np.float64)
+        spec = replace(self._spec(), solver="cholesky")
+        batches = [
+            (take_rows(block, np.arange(lo, min(lo + batch, block.n_rows))), spec)
+            for lo in range(0, block.n_rows, batch)
+        ]
+        if not batches:
+            return np.zeros((0, self.factors), np.float32)
+        parts = self._run(tasks.fold_in_batch, [theta, gram0], batches, "fold-in")
+        return np.concatenate(parts).astype(np.float32)
+
+    def recommend(  # type: ignore[override]
+        self,
+        users: Any,
+        k: int = 10,
+        *,
+        filter_already_liked_items: bool = True,
+        items: Any = None,
+        user_items: Any = None,
+        recalculate_user: bool = False,
+        store: RatingsStore | str | None = None,
+        batch: int = 4096,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k items and scores (x_u . y_i) per user, best first: ((U, k), (U, k)).
+
+        Parameters
+        ----------
+        users : int or array of dense user indices
+            With ``recalculate_user``, only their number matters (one per row of
+            `user_items`): the users need not be in the fit.
+        k : int
+            At most this many items (at most ``len(items)``).
+        filter_already_liked_items : bool
+            Skip each user's items: those of `user_items` when given, else their training
+            items in `store` (default: the store the model was fitted on).
+        items : array of item indices, optional
+            Rank only these candidates.
+        user_items : SciPy sparse (U, n) or (rows, items, counts), optional
+            The users' interactions, row r for ``users[r]``.
+        recalculate_user : bool
+            Fold the users in from `user_items` (:meth:`recalculate_user`) instead of using
+            their fitted factors.
+
+        Places left when fewer than k candidates remain are id -1 with score -inf.
+        """
+        self._check_fitted()
+        ids = self._ids
+        n_items = self.item_factors_.shape[0]
+        users = np.atleast_1d(np.asarray(users))
+        given = None
+        if user_items is not None:
+            given = interactions_block(user_items, len(users), n_items)
+        if recalculate_user:
+            if given is None:
+                raise ConfigError("recommend(recalculate_user=True) needs user_items")
+            X = self._fold_in(given, batch)
+        else:
+            users = ids.users(users)
+            X = self.user_factors_[users]
+        candidates = None if items is None else np.unique(ids.items(items))
+        chunks = [(lo, min(lo + batch, len(users))) for lo in range(0, len(users), batch)]
+        batches = []
+        for lo, hi in chunks:
+            seen: Any = None
+            if filter_already_liked_items and given is not None:
+                from ..blocks import take_rows
+
+                seen = take_rows(given, np.arange(lo, hi))
+            elif filter_already_liked_items:
+                seen = (self._seen_store(store), users[lo:hi])
+            batches.append((X[lo:hi], k, seen, candidates))
+        width = min(k, n_items if candidates is None else len(candidates))
+        if not batches:
+            return np.zeros((0, width), np.int64), np.zeros((0, width), np.float32)
+        results = self._run(tasks.rank_batch, [self.item_factors_], batches, "recommend")
+        top = np.concatenate([r[0] for r in results])
+        return ids.item_ids(top), np.concatenate([r[1] for r in results])
+
+    def _similar(self, factors: np.ndarray, query: np.ndarray, k: int, batch: int, name: str):
+        norms = np.linalg.norm(factors, axis=1, keepdims=True)
+        normed = (factors / np.where(norms > 0, norms, 1e-10)).astype(np.float32)
+        batches = [
+            (normed[query[lo : lo + batch]], k, None, None) for lo in range(0, len(query), batch)
+        ]
+        if not batches:
+            width = min(k, len(factors))
+            return np.zeros((0, width), np.int64), np.zeros((0, width), np.float32)
+        results = self._run(tasks.rank_batch, [normed], batches, name)
+        return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
+
+    def similar_items(
+        self, items: Any, k: int = 10, *, batch: int = 4096
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The k items most similar to each given item by cosine of their factors, best
+        first; the item itself comes first (score 1), as in implicit. Zero factors score 0."""
+        ids = self._ids
+        top, score = self._similar(self.item_factors_, ids.items(items), k, batch, "similar-items")
+        return ids.item_ids(top), score
+
+    def similar_users(
+        self, users: Any, k: int = 10, *, batch: int = 4096
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The k users most similar to each given user by cosine of their factors (itself
+        first), best first."""
+        ids = self._ids
+        top, score = self._similar(self.user_factors_, ids.users(users), k, batch, "similar-users")
+        return ids.user_ids(top), score

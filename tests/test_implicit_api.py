@@ -1,0 +1,293 @@
+"""ImplicitALS as users of implicit use it: recommend (liked items filtered, candidate subsets),
+similar items and users, folding in new users, save/load and pickling, batches on the
+workers; the ranking metrics and the split by user; the CLI with count data."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import random_ratings
+from reference import implicit_half_step
+
+from cumf_dask.cli import main
+from cumf_dask.data.spill import build_store
+from cumf_dask.errors import ConfigError, StoreError
+from cumf_dask.implicit import ImplicitALS, ranking_metrics_at_k, train_test_split
+from cumf_dask.implicit.metrics import _metrics
+from cumf_dask.model import ALS
+
+M, N, F = 70, 45, 5
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory, clients):
+    """A model fitted on a store with held-out pairs, its client still open (a session)."""
+    rows, cols, vals = random_ratings(M, N, 0.15, seed=41, empty_cols=[3])
+    vals = np.round(vals)
+    path = tmp_path_factory.mktemp("implicit-api") / "c.zarr"
+    store = build_store(str(path), rows, cols, vals, shape=(M, N), test_fraction=0.2,
+                        split_seed=1)  # fmt: skip
+    model = ImplicitALS(F, 0.05, 2.0, 4, backend="numpy").fit(store, client=clients(2))
+    return model, store
+
+
+def _liked(store, user):
+    _, cols, _ = store.read_coo("row", (user, user + 1))
+    return set(cols.tolist())
+
+
+def test_recommend_filters_liked_items_and_ranks_by_score(fitted):
+    model, store = fitted
+    users = np.array([0, 5, 9])
+    top, scores = model.recommend(users, k=6)
+    assert top.shape == scores.shape == (3, 6)
+    for row, u in enumerate(users):
+        full = model.item_factors_ @ model.user_factors_[u]
+        liked = _liked(store, u)
+        assert not set(top[row]) & liked
+        allowed = [i for i in np.argsort(-full, kind="stable") if i not in liked]
+        np.testing.assert_array_equal(top[row], allowed[:6])
+        np.testing.assert_allclose(scores[row], full[top[row]], rtol=1e-5)
+    unfiltered, _ = model.recommend(users, k=6, filter_already_liked_items=False)
+    np.testing.assert_array_equal(
+        unfiltered[0], np.argsort(-(model.item_factors_ @ model.user_factors_[0]))[:6]
+    )
+
+
+def test_recommend_among_candidates_pads_with_minus_one(fitted):
+    model, store = fitted
+    liked = sorted(_liked(store, 2))
+    candidates = np.array([*liked[:2], 10, 20, 30])
+    candidates = np.unique(candidates)
+    top, scores = model.recommend([2], k=10, items=candidates)
+    assert top.shape == (1, len(candidates))
+    free = [i for i in candidates if i not in liked]
+    assert set(top[0][: len(free)]) == set(free)
+    assert (top[0][len(free) :] == -1).all() and np.isneginf(scores[0][len(free) :]).all()
+
+
+def test_similar_items_and_users_are_cosine(fitted):
+    model, _ = fitted
+    for factors, method in ((model.item_factors_, model.similar_items),
+                            (model.user_factors_, model.similar_users)):  # fmt: skip
+        top, scores = method([1, 4], k=4)
+        normed = factors / np.maximum(np.linalg.norm(factors, axis=1, keepdims=True), 1e-10)
+        for row, q in enumerate([1, 4]):
+            cos = normed @ normed[q]
+            np.testing.assert_array_equal(top[row], np.argsort(-cos, kind="stable")[:4])
+            assert top[row][0] == q and scores[row][0] == pytest.approx(1.0, abs=1e-5)
+    _, scores = model.similar_items([3], k=2)  # an item without interactions: factor 0
+    assert scores[0][0] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_recalculate_user_folds_in_without_refitting(fitted):
+    model, store = fitted
+    before = model.user_factors_.copy()
+    r, c, v = store.read_coo("row", (7, 9))
+    X = model.recalculate_user((r - 7, c, v))
+    ref = implicit_half_step(r - 7, c, v, 2, model.item_factors_.astype(np.float64), 0.05, 2.0)
+    np.testing.assert_allclose(X, ref, rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(model.user_factors_, before)
+    scipy = pytest.importorskip("scipy.sparse")
+    matrix = scipy.csr_matrix((v, (r - 7, c)), shape=(2, N))
+    np.testing.assert_allclose(model.recalculate_user(matrix), X, rtol=1e-6)
+    top, _ = model.recommend([100, 101], k=3, user_items=matrix, recalculate_user=True)
+    expect = np.argsort(-(X @ model.item_factors_.T), axis=1, kind="stable")
+    for row in range(2):
+        liked = set(c[r - 7 == row].tolist())
+        np.testing.assert_array_equal(top[row], [i for i in expect[row] if i not in liked][:3])
+
+
+def test_batches_on_the_workers_match_local(fitted):
+    model, _ = fitted
+    assert model._session is not None
+    local = pickle.loads(pickle.dumps(model))  # no cluster: computed in this process
+    assert getattr(local, "_session", None) is None
+    for method, args in (("recommend", ([1, 2, 3], 4)), ("similar_items", ([0, 8], 3))):
+        a = getattr(model, method)(*args, batch=2)
+        b = getattr(local, method)(*args)
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_allclose(a[1], b[1], rtol=1e-6)
+
+
+def test_save_load_and_names(fitted, tmp_path):
+    model, store = fitted
+    model.save(tmp_path / "m.zarr")
+    loaded = ALS.load(tmp_path / "m.zarr")
+    assert isinstance(loaded, ImplicitALS)
+    assert (loaded.alpha, loaded.solver, loaded.regularization_mode) == (2.0, "cg", "plain")
+    np.testing.assert_array_equal(loaded.user_factors, model.user_factors_)
+    top, _ = loaded.recommend([3], k=4)  # liked items from the store the model names
+    np.testing.assert_array_equal(top, model.recommend([3], k=4)[0])
+    assert "ImplicitALS(factors=5" in repr(loaded)
+    assert {"loss", "objective"} <= set(model.metrics_[-1])
+    explicit = ALS(3, 0.1, 1, backend="numpy").fit(store, client=model._session.client)
+    explicit.save(tmp_path / "e.zarr")
+    with pytest.raises(StoreError, match="explicit model"):
+        ImplicitALS.load(tmp_path / "e.zarr")
+
+
+def test_fit_takes_a_scipy_matrix_and_refuses_negative_counts(client2):
+    scipy = pytest.importorskip("scipy.sparse")
+    rows, cols, vals = random_ratings(30, 20, 0.3, seed=4)
+    model = ImplicitALS(3, 0.1, 1.0, 2, backend="numpy")
+    model.fit(scipy.coo_matrix((np.round(vals), (rows, cols)), shape=(30, 20)), client=client2)
+    assert model.user_factors_.shape == (30, 3) and np.isfinite(model.user_factors_).all()
+    with pytest.raises(ConfigError, match="counts >= 0"):
+        ImplicitALS(3, backend="numpy").fit((rows, cols, vals - 3, (30, 20)))
+    with pytest.raises(ConfigError, match="alpha"):
+        ImplicitALS(3, alpha=-1, backend="numpy").fit((rows, cols, vals, (30, 20)))
+    with pytest.raises(ConfigError, match="user index out of range"):
+        model.recommend([30])
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def _reference_metrics(X, Y, train, test, k, n_items):
+    """Per user, implicit 0.7.3's formulas (ranking_metrics_at_k), but nneg without the
+    filtered training items, plus the textbook precision and recall."""
+    out = dict.fromkeys(("precision", "recall", "map", "ndcg", "auc"), 0.0)
+    hits_all = capped_all = 0.0
+    users = sorted({u for u, _ in test})
+    for u in users:
+        liked = {i for v, i in train if v == u}
+        likes = {i for v, i in test if v == u}
+        scores = Y @ X[u]
+        ranked = [i for i in np.argsort(-scores, kind="stable") if i not in liked][:k]
+        npos, nneg = len(likes), n_items - len(likes) - len(liked)
+        hit = miss = ap = dcg = auc = 0.0
+        for pos, item in enumerate(ranked):
+            if item in likes:
+                hit += 1
+                ap += hit / (pos + 1)
+                dcg += 1 / np.log2(pos + 2)
+            else:
+                miss += 1
+                auc += hit
+        auc += (hit + npos) / 2 * (nneg - miss)
+        idcg = sum(1 / np.log2(j + 2) for j in range(min(k, npos)))
+        out["precision"] += hit / k
+        out["recall"] += hit / npos
+        out["map"] += ap / min(k, npos)
+        out["ndcg"] += dcg / idcg
+        out["auc"] += auc / (npos * nneg)
+        hits_all += hit
+        capped_all += min(k, npos)
+    result = {f"{key}@{k}": value / len(users) for key, value in out.items()}
+    result[f"capped_recall@{k}"] = hits_all / capped_all
+    return result
+
+
+def test_ranking_metrics_match_their_definitions(fitted):
+    model, store = fitted
+    k = 5
+    train_r, train_c, _ = store.read_coo("row")
+    test_r, test_c, _ = store.read_coo("row", split="test")
+    got = ranking_metrics_at_k(model, store, k)
+    ref = _reference_metrics(model.user_factors_, model.item_factors_,
+                             list(zip(train_r, train_c, strict=True)),
+                             list(zip(test_r, test_c, strict=True)), k, N)  # fmt: skip
+    assert got["users"] == len(set(test_r.tolist()))
+    for key, value in ref.items():
+        assert got[key] == pytest.approx(value, rel=1e-9), key
+    arrays = ranking_metrics_at_k(model, (test_r, test_c), k, train=(train_r, train_c))
+    assert arrays == pytest.approx(got)
+
+
+def test_metrics_of_a_perfect_ranking():
+    top = np.array([[3, 1, -1], [2, 0, 4]])
+    pos, cols = np.array([0, 0, 1]), np.array([1, 3, 2])
+    got = _metrics(top, pos, cols, n_items=5, n_train=np.array([0, 0]), k=3)
+    assert got["capped_recall@3"] == 1 and got["ndcg@3"] == 1 and got["map@3"] == 1
+    assert got["recall@3"] == 1 and got["precision@3"] == pytest.approx((2 / 3 + 1 / 3) / 2)
+
+
+def test_split_by_user_keeps_every_user_in_training(tmp_path):
+    rows, cols, vals = random_ratings(60, 40, 0.1, seed=3, skew=0.9)
+    (tr, tc, _), (sr, sc, _) = train_test_split(rows, cols, vals, 0.25, seed=7)
+    assert set(tr.tolist()) == set(rows.tolist())  # every user keeps a training interaction
+    n = np.bincount(rows, minlength=60)
+    held = np.bincount(sr, minlength=60)
+    np.testing.assert_array_equal(held, np.minimum(np.floor(0.25 * n + 0.5), np.maximum(n - 1, 0)))
+    pairs = set(zip(rows.tolist(), cols.tolist(), strict=True))
+    train = set(zip(tr.tolist(), tc.tolist(), strict=True))
+    test = set(zip(sr.tolist(), sc.tolist(), strict=True))
+    assert train | test == pairs and not train & test
+    order = np.random.default_rng(0).permutation(rows.size)  # the input order does not matter
+    again = train_test_split(rows[order], cols[order], vals[order], 0.25, seed=7)[1]
+    assert set(zip(again[0].tolist(), again[1].tolist(), strict=True)) == test
+    store = build_store(str(tmp_path / "u.zarr"), rows[order], cols[order], vals[order],
+                        shape=(60, 40), test_fraction=0.25, split_seed=7, split="users",
+                        tile_rows=16)  # fmt: skip
+    held_r, held_c, _ = store.read_coo("row", split="test")
+    assert set(zip(held_r.tolist(), held_c.tolist(), strict=True)) == test  # the same pairs
+    assert store.nnz == len(train) and store.nnz_test == len(test)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+CONFIG = """\
+data:
+  source: ingest
+  store: data/counts.zarr
+  test_fraction: 0.2
+  split: users
+  ingest:
+    path: plays.csv
+    duplicates: sum
+model:
+  kind: implicit
+  factors: 4
+  regularization: 0.05
+  alpha: 3.0
+  iterations: 2
+  solver: cg
+cluster:
+  n_workers: 1
+  dashboard_address: null
+output:
+  name: plays
+"""
+
+
+def test_cli_trains_evaluates_and_recommends_on_counts(tmp_path, capsys, monkeypatch):
+    """Repeated (user, item) plays are summed at ingest; the model trains (in a subprocess: it
+    starts its own cluster), evaluates and recommends in the user's own ids."""
+    rng = np.random.default_rng(0)
+    plays = rng.integers(0, [60, 25], size=(1500, 2))  # repeats: summed to counts
+    (tmp_path / "plays.csv").write_text(
+        "user,item,plays\n" + "\n".join(f"u{u},song {i},1" for u, i in plays) + "\n"
+    )
+    (tmp_path / "plays.yaml").write_text(CONFIG)
+
+    def cli(*args):
+        if args[0] == "train":
+            command = [sys.executable, "-m", "cumf_dask", *args, "--json"]
+            proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True,
+                                  timeout=180)  # fmt: skip
+            assert proc.returncode == 0, proc.stderr
+            return json.loads(proc.stdout)
+        capsys.readouterr()
+        assert main([*args, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    monkeypatch.chdir(tmp_path)
+    summary = cli("train", "plays.yaml")
+    assert summary["kind"] == "implicit" and summary["loss"] > 0
+    model = summary["model"]
+    metrics = cli("evaluate", model, "data/counts.zarr", "-k", "5")
+    assert {"precision@5", "recall@5", "map@5", "ndcg@5", "auc@5"} <= set(metrics)
+    top = cli("recommend", model, "--user", "u7", "-k", "3")
+    assert len(top["items"]) == 3 and all(i.startswith("song ") for i in top["items"])
+    from cumf_dask.data.store import RatingsStore
+
+    store = RatingsStore.open(str(tmp_path / "data" / "counts.zarr"))
+    total = store.nnz + store.nnz_test
+    assert total == len({tuple(p) for p in plays.tolist()}) and store.stats["max"] > 1
+    assert (store.counts("row") > 0).all()  # split by user: everyone keeps training plays
