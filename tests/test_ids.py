@@ -86,12 +86,18 @@ def _frames(users, items, vals):
     }
 
 
+@pytest.fixture(scope="module")
+def reference(clients):
+    """A model fitted on (users, items, ratings) arrays, and those arrays."""
+    data = ratings("int", seed=2)
+    return ALS(3, 0.1, 2, backend="numpy").fit(data, client=clients(2)), data
+
+
 @pytest.mark.parametrize("kind", ["pandas", "pandas-3-columns", "dask-dataframe", "numpy-rows",
                                   "dask-array"])  # fmt: skip
-def test_fit_takes_frames_and_arrays(kind, client):
+def test_fit_takes_frames_and_arrays(kind, client, reference):
     """Every input is the same ratings in the same order: the same ids, the same model."""
-    users, items, vals = ratings("int", seed=2)
-    reference = ALS(3, 0.1, 2, backend="numpy").fit((users, items, vals), client=client)
+    reference, (users, items, vals) = reference
     model = ALS(3, 0.1, 2, backend="numpy").fit(_frames(users, items, vals)[kind], client=client)
     assert model.user_ids_.tolist() == reference.user_ids_.tolist()  # float ids read as ints
     assert model.user_ids_.dtype == np.int64 and model.item_ids_.dtype == np.int64

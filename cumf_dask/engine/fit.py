@@ -109,9 +109,9 @@ def fit(
             "theta_seconds": t2 - t1,
         }
         if evaluate:
-            record["train_rmse"] = engine.rmse(X, theta, it, "train")
-            if store.has_test:
-                record["test_rmse"] = engine.rmse(X, theta, it, "test")
+            splits = ("train", "test") if store.has_test else ("train",)
+            errors = engine.rmses(X, theta, it, splits)
+            record.update({f"{split}_rmse": errors[split] for split in splits})
         record["elapsed"] = time.perf_counter() - began
         metrics.append(record)
         if checkpointer is not None:

@@ -215,24 +215,33 @@ class SUALSEngine:
     # ------------------------------------------------------------------ evaluation
     def rmse(self, X: Factor, Theta: Factor, it: int, split: str = "train") -> float:
         """RMSE over the training (or held-out) ratings, computed where the X-side blocks live."""
+        return self.rmses(X, Theta, it, (split,))[split]
+
+    def rmses(self, X: Factor, Theta: Factor, it: int, splits: tuple[str, ...]) -> dict[str, float]:
+        """RMSE of each split ("train", "test") in one round of tasks: the X rows and Theta
+        parts are placed once for all splits, and one gather waits for every error."""
         h = self.plan.x
-        futures = []
+        futures: dict[str, list[Future]] = {split: [] for split in splits}
         for j in range(h.q):
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             for i in range(h.p):
                 worker = self.place.block(h, i, j)
-                x_rows = self.gather(X, lo, hi, worker, f"gather-X-batch{j}-{split}")
-                futures.append(
-                    self.submit(
-                        tasks.block_squared_error, self.block(h, i, j, it, split), x_rows,
-                        self.fixed_on(h, Theta, i, worker, it), self.backend,
-                        key=f"error-{split}-batch{j}-part{i}-it{it}", worker=worker,
+                x_rows = self.gather(X, lo, hi, worker, f"gather-X-batch{j}-eval")
+                fixed = self.fixed_on(h, Theta, i, worker, it)
+                for split in splits:
+                    futures[split].append(
+                        self.submit(
+                            tasks.block_squared_error, self.block(h, i, j, it, split), x_rows,
+                            fixed, self.backend, key=f"error-{split}-batch{j}-part{i}-it{it}",
+                            worker=worker,
+                        )
                     )
-                )
         results = self.client.gather(futures)
-        total = sum(r[0] for r in results)
-        count = sum(r[1] for r in results)
-        return float(np.sqrt(total / count)) if count else float("nan")
+        out = {}
+        for split, parts in results.items():
+            total, count = sum(r[0] for r in parts), sum(r[1] for r in parts)
+            out[split] = float(np.sqrt(total / count)) if count else float("nan")
+        return out
 
     def release(self) -> None:
         """Let go of the resident blocks and counts held on the workers."""
