@@ -298,6 +298,8 @@ def test_help_shows_defaults_choices_and_benchmarks(capsys):
     assert "(default: 0.1)" in text and "(default: csv)" in text and "(default: 10)" in text
     assert "{csv,tsv,delimited,movielens-100k,movielens-1m,movielens-csv,netflix,parquet}" in text
     assert "(default: None)" not in text and "(default: False)" not in text
+    seed = next(x for x in text.splitlines() if x.strip().startswith("--seed"))
+    assert seed.endswith("(default: 0)")  # a default of 0 is still a default
     for option in ("--delimiter", "--seed", "--split-seed", "--tile-cols", "-k K", "--user USER"):
         line = next(x for x in text.splitlines() if x.strip().startswith(option))
         assert len(line.split(maxsplit=2 if " " in option else 1)) > 1, f"{option} has no help"
