@@ -388,3 +388,18 @@ def test_rmse_line_names_the_reference():
         "final test RMSE 0.2600 (the floor: noise sigma 0.25)"
     )
     assert rmse_line({"test_rmse": 0.9}) == "final test RMSE 0.9000"  # own data: no reference
+
+
+def test_a_long_job_is_announced_with_a_smaller_scale(tmp_path, monkeypatch):
+    """Under the refusal limit, a job over a minute is logged with its forecast first."""
+    from cumf_dask.budget import check_cpu_time, forecast_note
+    from cumf_dask.config import load_config
+    from cumf_dask.pipeline import job_plan
+
+    monkeypatch.chdir(tmp_path)
+    config = load_config(CPU_NETFLIX[0], overrides=CPU_NETFLIX[2::2])
+    planned = job_plan(config, None, log=lambda _: None)
+    fc = check_cpu_time(config, planned.plan, planned.generate_nnz, force=False)
+    note = forecast_note(config, planned.plan, fc)
+    assert note.startswith("forecast: ") and "on 2 CPU workers" in note
+    assert re.search(r"a CPU-size version: --set data\.generate\.scale=0\.\d+ \(forecast", note)
