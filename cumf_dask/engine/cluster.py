@@ -65,7 +65,8 @@ class CumfWorkerSetup(WorkerPlugin):
 
 
 # cluster.processes "auto": a local CPU cluster of at most this many ratings runs its workers
-# as threads of this process (measured faster on the quickstart: README "Set up and run")
+# as threads of this process (measured faster at 0.8M and 5.6M ratings on 2 cores: README
+# "Set up and run"); above it, processes, whose nannies restart a worker out of memory
 IN_PROCESS_MAX_NNZ = 20_000_000
 
 
