@@ -1,6 +1,7 @@
 """Benchmark the synthetic generator: ratings per second and store build rate.
 
     python benchmarks/bench_generate.py            # Netflix shape at scale 0.4, 2 workers
+                                                   # (303,705 x 11,239, 39.6M ratings)
     python benchmarks/bench_generate.py --m 10000000 --n 1000000 --nnz 50000000
     python benchmarks/bench_generate.py --gpu      # values on the GPU (needs cupy)
 
@@ -65,7 +66,8 @@ def run_once(url: str, model: PlantedModel, client, gpu: bool) -> dict[str, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="netflix")
-    parser.add_argument("--scale", type=float, default=0.4)
+    parser.add_argument("--scale", type=float, default=0.4,
+                        help="multiplies the preset's nnz, and m and n by sqrt(scale)")
     parser.add_argument("--m", type=int)
     parser.add_argument("--n", type=int)
     parser.add_argument("--nnz", type=int)

@@ -54,10 +54,10 @@ def get_store(args: argparse.Namespace) -> RatingsStore:
         rating_max=5,
         seed=1,
     )
-    label = args.preset or f"{args.m}x{args.n}"
-    if args.nnz:  # a store of another size is another file
-        label += f"-{args.nnz}"
-    url = str(Path(args.data) / f"bench-{label}-scale{args.scale:g}.zarr")
+    # named by the resolved shape: a store of another shape (or of an older meaning of
+    # --scale) is another file
+    label = f"{args.preset or 'custom'}-{model.m}x{model.n}-{model.nnz}"
+    url = str(Path(args.data) / f"bench-{label}.zarr")
     try:
         return RatingsStore.open(url)
     except StoreError:
@@ -99,7 +99,8 @@ def plot(path: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset")
-    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiplies the preset's nnz, and m and n by sqrt(scale)")
     parser.add_argument("--m", type=int, help="default (no preset): issue 3's 100,000")
     parser.add_argument("--n", type=int, help="default (no preset): 20,000")
     parser.add_argument("--nnz", type=int, help="train ratings; default (no preset): 5,000,000")

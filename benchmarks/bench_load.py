@@ -65,7 +65,8 @@ def stored_bytes(store, group: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset")
-    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiplies the preset's nnz, and m and n by sqrt(scale)")
     parser.add_argument("--m", type=int, default=None)
     parser.add_argument("--n", type=int, default=None)
     parser.add_argument("--nnz", type=int, default=None)

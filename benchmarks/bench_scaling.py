@@ -61,7 +61,8 @@ def run(store, args, gpus: int, protocol: str, plan: PlanConfig) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="netflix")
-    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiplies the preset's nnz, and m and n by sqrt(scale)")
     parser.add_argument("--m", type=int)
     parser.add_argument("--n", type=int)
     parser.add_argument("--nnz", type=int, help="train ratings (default: the preset's)")

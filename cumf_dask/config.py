@@ -37,7 +37,7 @@ class GenerateConfig:
     """Synthetic planted-model data (``cumf-dask generate``)."""
 
     preset: str | None = None  # netflix, yahoomusic, hugewiki, sparkals, factorbird, facebook
-    scale: float = 1.0  # multiplies m, n and nnz of the preset
+    scale: float = 1.0  # multiplies the preset's nnz, and m and n by sqrt(scale)
     m: int | None = None  # rows (users); overrides the preset
     n: int | None = None  # columns (items)
     nnz: int | None = None  # ratings, train and test together
@@ -140,6 +140,9 @@ class ClusterConfig:
     address: str | None = None  # join an existing scheduler (tcp://host:8786)
     n_workers: int | None = None  # local cluster size (None: one per GPU, or per core)
     threads_per_worker: int = 1
+    # local CPU workers as processes (true), as threads of this process (false), or auto:
+    # threads for problems up to engine.cluster.IN_PROCESS_MAX_NNZ ratings, else processes
+    processes: bool | Literal["auto"] = "auto"
     memory_limit: str | None = None  # per local CPU worker, e.g. "4GB"
     devices: list[int] | None = None  # GPUs to use (CUDA_VISIBLE_DEVICES), None: all
     rmm_pool_size: str | None = None  # e.g. "20GB": RMM pool per GPU worker (needs rmm)

@@ -37,6 +37,32 @@ def cuda_device_count() -> int:
     return count
 
 
+def gpu_memories() -> list[int]:
+    """Total bytes of each visible GPU, in CUDA's order (``CUDA_VISIBLE_DEVICES`` entries:
+    indices or UUIDs), from NVML, so without a CUDA context; [] where cupy or NVML is absent."""
+    count = cuda_device_count()
+    if count == 0:
+        return []
+    import pynvml
+
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    pynvml.nvmlInit()
+    try:
+        sizes = []
+        for k in range(count):
+            entry = visible[k] if k < len(visible) else ""
+            if entry.isdigit():
+                handle = pynvml.nvmlDeviceGetHandleByIndex(int(entry))
+            elif entry.startswith("GPU-"):
+                handle = pynvml.nvmlDeviceGetHandleByUUID(entry)
+            else:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(k)
+            sizes.append(int(pynvml.nvmlDeviceGetMemoryInfo(handle).total))
+    finally:
+        pynvml.nvmlShutdown()
+    return sizes
+
+
 def has_cuda() -> bool:
     """True when cupy is installed and at least one GPU is visible."""
     return cuda_device_count() > 0

@@ -53,7 +53,7 @@ def ranking_metrics(
     rows, cols = rows[order], cols[order]
     starts = np.searchsorted(rows, users)
     ends = np.searchsorted(rows, users, side="right")
-    top, _ = model.recommend(users, k=k, exclude_seen=True, store=store)
+    top, _ = model.recommend_indices(users, k=k, exclude_seen=True, store=store)
     discounts = 1.0 / np.log2(np.arange(2, k + 2))
     precision = recall = ndcg = 0.0
     for pos in range(users.size):

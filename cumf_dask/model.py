@@ -3,6 +3,13 @@
 ``__init__`` only stores parameters; ``fit`` returns ``self`` with fitted attributes ending
 in ``_``; a fitted model pickles (the live cluster state is dropped, as implicit's GPU model
 drops its device handles); predict, rmse, recommend, save and load use the host factors.
+
+Ids: the model keeps the maps between the data's own user and item ids and the rows of its
+factors (dense indices), both ways, and saves them. ``recommend(user_ids)`` and
+``predict(user_ids, item_ids)`` take and return the data's ids, as Spark's ALSModel does;
+``recommend_indices`` and ``predict_indices`` take and return dense indices (the rows of
+``user_factors_`` / ``item_factors_``), as implicit does, for loops that stay in indices.
+Data without ids (a declared shape, a SciPy matrix) has the indices as its ids.
 """
 
 from __future__ import annotations
@@ -21,7 +28,6 @@ from .callbacks import IterationCallback
 from .checkpoint import MODEL_FORMAT, MODEL_VERSION, read_factors, write_factors
 from .checks import check_choice, check_number
 from .config import ClusterConfig, PlanConfig
-from .data.spill import build_store
 from .data.store import RatingsStore
 from .engine import tasks
 from .engine.cluster import backend_on, cluster_client
@@ -29,6 +35,7 @@ from .engine.fit import ALSParams, fit
 from .engine.plan import Plan
 from .engine.session import Session
 from .errors import ConfigError, CumfWarning, NotFittedError, StoreError
+from .ids import IdMap
 
 
 class ALS:
@@ -71,6 +78,12 @@ class ALS:
     ----------
     user_factors_ : ndarray (m, f)
     item_factors_ : ndarray (n, f)
+    user_ids_ : ndarray (m,) or None
+        The data's own id of each row of user_factors_ (None: the ids are 0..m-1).
+    item_ids_ : ndarray (n,) or None
+        The data's own id of each row of item_factors_ (None: the ids are 0..n-1).
+    store_url_ : str or None
+        The store the model was fitted on (None for one built from in-memory data).
     metrics_ : list of dict
         Per iteration: iteration, seconds, x_seconds, theta_seconds, train_rmse, test_rmse.
     plan_ : Plan
@@ -108,28 +121,51 @@ class ALS:
         self.progress = progress
 
     def __repr__(self) -> str:
-        fitted = f", fitted {self.shape_[0]:,} x {self.shape_[1]:,}" if self._fitted else ""
+        """The parameters; when fitted also the shape, the ids and the last test RMSE."""
+        extra = ""
+        if self._fitted:
+            extra = f", fitted {self.shape_[0]:,} users x {self.shape_[1]:,} items"
+            if self.user_ids_ is not None or self.item_ids_ is not None:
+                extra += " (own ids)"
+            last = self.metrics_[-1] if self.metrics_ else {}
+            if "test_rmse" in last:
+                extra += f", test RMSE {last['test_rmse']:.4f}"
         return (
             f"ALS(factors={self.factors}, regularization={self.regularization}, "
-            f"iterations={self.iterations}, backend={self.backend!r}{fitted})"
+            f"iterations={self.iterations}, backend={self.backend!r}{extra})"
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        """Everything but the live cluster state and the temporary store folder."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("_session", "_tmp")}
+        """Everything but the live cluster state, the temporary store folder and id lookups."""
+        drop = ("_session", "_tmp", "_maps")
+        return {k: v for k, v in self.__dict__.items() if k not in drop}
 
     # ------------------------------------------------------------------ fitting
     def fit(
         self,
-        data: RatingsStore | str | tuple,
+        data: Any,
         *,
         client: Any = None,
         resume: bool = False,
     ) -> ALS:
-        """Fit on a RatingsStore (or its URL), or on (rows, cols, ratings[, (m, n)]) arrays.
+        """Fit on ratings; returns self.
 
-        With no `client`, a local cluster of the right kind is started and closed again;
-        with a client, the factors also stay on the cluster (:meth:`factors_as_dask`).
+        Parameters
+        ----------
+        data
+            A RatingsStore or its path/URL; ``(users, items, ratings)`` or ``(users, items,
+            ratings, (m, n))`` arrays; a pandas or Dask DataFrame with ``user``, ``item``,
+            ``rating`` columns; a NumPy or Dask array of shape (nnz, 3); or a SciPy sparse
+            matrix. Ids are kept and spoken by predict/recommend (a shape, and SciPy, make
+            them indices); see :mod:`cumf_dask.data.inputs`. All of it is training data:
+            to hold ratings out, build a store with ``test_fraction`` (the ingest functions
+            and ``cumf-dask ingest`` hold out 10% by default) and fit on the store.
+        client : distributed.Client, optional
+            Without one, a local cluster of the right kind is started and closed again
+            (threads of this process for small CPU problems, ``cluster.processes``); with
+            one, the factors also stay on the cluster (:meth:`factors_as_dask`).
+        resume : bool
+            Continue from the last checkpoint in ``checkpoint_dir``.
         """
         self._check_params()
         store, tmp = self._as_store(data)
@@ -140,14 +176,16 @@ class ALS:
             else:
                 backend = resolve_backend_name(self.backend)
                 config = ClusterConfig(backend=backend, dashboard_address=None)
-                with cluster_client(config) as own:
+                with cluster_client(config, nnz=store.nnz) as own:
                     self._fit(store, own, backend, resume)
+                    self._session.close()  # type: ignore[union-attr]  # before the cluster
                 self._session = None
         except BaseException:
             if tmp is not None:
                 tmp.cleanup()
             raise
         self._tmp = tmp  # a store built from arrays lives as long as the model
+        self.store_url_ = None if tmp is not None else store.url
         return self
 
     def _check_params(self) -> None:
@@ -172,14 +210,15 @@ class ALS:
             return data, None
         if isinstance(data, (str, Path)):
             return RatingsStore.open(str(data)), None
-        if isinstance(data, tuple) and len(data) in (3, 4):
-            tmp = tempfile.TemporaryDirectory(prefix="cumf-fit-")
-            shape = data[3] if len(data) == 4 else None
-            store = build_store(f"{tmp.name}/ratings.zarr", *data[:3], shape=shape)
-            return store, tmp
-        raise ConfigError(
-            "fit() takes a RatingsStore, a store path/URL, or (rows, cols, ratings[, (m, n)])"
-        )
+        from .data.inputs import ingest_input
+
+        tmp = tempfile.TemporaryDirectory(prefix="cumf-fit-")
+        try:
+            store = ingest_input(data, f"{tmp.name}/ratings.zarr", test_fraction=0.0)
+        except BaseException:
+            tmp.cleanup()
+            raise
+        return store, tmp
 
     def _fit(self, store: RatingsStore, client: Any, backend: str, resume: bool) -> None:
         params = self._params()
@@ -192,11 +231,19 @@ class ALS:
         self.metrics_: list[dict[str, Any]] = result.metrics
         self.iterations_done_ = result.iterations_done
         self.shape_ = (store.m, store.n)
+        self.user_ids_: np.ndarray | None = store.ids("rows")
+        self.item_ids_: np.ndarray | None = store.ids("cols")
+        self._maps: dict[str, IdMap] = {}
         self.user_factors_, self.item_factors_ = result.factors
         self._store = store
         self._session: Session | None = result.session
 
     # ------------------------------------------------------------------ factors
+    def _live_session(self) -> Session | None:
+        """The fit's factors on its cluster, while its client is open."""
+        session = getattr(self, "_session", None)
+        return session if session is not None and session.is_open else None
+
     @property
     def _fitted(self) -> bool:
         return hasattr(self, "user_factors_")
@@ -208,15 +255,36 @@ class ALS:
     def factors_as_dask(self) -> tuple[da.Array, da.Array]:
         """(X, Theta) as Dask arrays on the cluster (only while the fit's client is open)."""
         self._check_fitted()
-        if getattr(self, "_session", None) is None:
+        if not self._live_session():
             raise NotFittedError(
                 "factors live on a cluster only after fit(client=...) with a client that is "
                 "still open; use user_factors_ and item_factors_ here"
             )
         return self._session.factors_as_dask()  # type: ignore[union-attr]
 
+    # ------------------------------------------------------------------ ids
+    def user_indices(self, users: Any) -> np.ndarray:
+        """Dense indices (rows of user_factors_) of the data's own user ids."""
+        return self._map("user").indices(users)
+
+    def item_indices(self, items: Any) -> np.ndarray:
+        """Dense indices (rows of item_factors_) of the data's own item ids."""
+        return self._map("item").indices(items)
+
+    def _map(self, noun: str) -> IdMap:
+        self._check_fitted()
+        maps = self.__dict__.setdefault("_maps", {})
+        if noun not in maps:
+            labels = self.user_ids_ if noun == "user" else self.item_ids_
+            maps[noun] = IdMap(noun, labels, self.shape_[0 if noun == "user" else 1])
+        return maps[noun]
+
     # ------------------------------------------------------------------ using the model
     def predict(self, users: Any, items: Any) -> np.ndarray:
+        """Predicted ratings x_u . theta_v of (user, item) pairs given in the data's own ids."""
+        return self.predict_indices(self.user_indices(users), self.item_indices(items))
+
+    def predict_indices(self, users: Any, items: Any) -> np.ndarray:
         """Predicted ratings x_u . theta_v for dense row/column indices (pairs)."""
         users = np.asarray(users, np.int64)
         items = np.asarray(items, np.int64)
@@ -225,10 +293,11 @@ class ALS:
         return be.predict(self.user_factors_, self.item_factors_, users, items)
 
     def rmse(self, data: RatingsStore | str | tuple, kind: str = "test") -> float:
-        """RMSE on a store's held-out ("test") or training ("train") ratings, or on arrays."""
+        """RMSE on a store's held-out ("test") or training ("train") ratings, or on
+        (users, items, ratings) arrays in the data's own ids."""
         if isinstance(data, tuple):
-            rows, cols, vals = (np.asarray(a) for a in data[:3])
-            chunks = [(rows, cols, vals)]
+            vals = np.asarray(data[2])
+            chunks = [(self.user_indices(data[0]), self.item_indices(data[1]), vals)]
         else:
             store = data if isinstance(data, RatingsStore) else RatingsStore.open(str(data))
             chunks = store.iter_bands("row", "test" if kind == "test" else "train")
@@ -250,11 +319,28 @@ class ALS:
         store: RatingsStore | str | None = None,
         batch: int = 4096,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k items (dense indices) and scores per user, best first: two arrays (users, k).
+        """Top-k items and scores for users given in the data's own ids, best first.
+
+        Returns (items, scores) of shape (len(users), k): items in the data's own item ids.
+        Other parameters as for :meth:`recommend_indices`.
+        """
+        top, scores = self.recommend_indices(self.user_indices(users), k, exclude_seen, store,
+                                             batch)  # fmt: skip
+        return self._map("item").ids(top), scores
+
+    def recommend_indices(
+        self,
+        users: Any,
+        k: int = 10,
+        exclude_seen: bool = True,
+        store: RatingsStore | str | None = None,
+        batch: int = 4096,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k items (dense indices) and scores per user (dense indices), best first.
 
         Batches of users run as tasks on the fit's workers while its client is open, else
-        here. ``exclude_seen`` skips each user's training items (read from `store`, by
-        default the store the model was fitted on).
+        here. ``exclude_seen`` skips each user's training items, read from `store` (by
+        default the store the model was fitted on, for a loaded model the one it names).
 
         `k` must be an integer >= 1. A `k` above the number of items n is clamped to n (with
         a CumfWarning). A user with fewer than k items left to recommend (the others seen in
@@ -276,14 +362,18 @@ class ALS:
             k = n
         if exclude_seen:
             store = store if store is not None else getattr(self, "_store", None)
+            store = store if store is not None else getattr(self, "store_url_", None)
             if store is None:
-                raise ConfigError("recommend(exclude_seen=True) needs the rating store")
+                raise ConfigError(
+                    "recommend(exclude_seen=True) needs the rating store: pass store=, or "
+                    "exclude_seen=False"
+                )
             if isinstance(store, str):
                 store = RatingsStore.open(store)
         else:
             store = None
         chunks = [users[lo : lo + batch] for lo in range(0, len(users), batch)]
-        session = getattr(self, "_session", None)
+        session = self._live_session()
         if session is None:
             X, Theta = self.user_factors_, self.item_factors_
             results = [tasks.recommend_batch(X[c], Theta, c, k, store, "numpy") for c in chunks]
@@ -308,14 +398,12 @@ class ALS:
         """Write the model (factors, parameters, metrics, id maps) as a Zarr group."""
         if not self._fitted:
             raise NotFittedError("nothing to save: the model is not fitted")
-        store = getattr(self, "_store", None)
         arrays: dict[str, Any] = {
             "user_factors": self.user_factors_,
             "item_factors": self.item_factors_,
+            "user_ids": self.user_ids_,
+            "item_ids": self.item_ids_,
         }
-        if store is not None:
-            arrays["user_ids"] = store.ids("rows")
-            arrays["item_ids"] = store.ids("cols")
         attrs = {
             **self._params().settings(),
             "m": self.shape_[0],
@@ -323,7 +411,7 @@ class ALS:
             "metrics": self.metrics_,
             "format": MODEL_FORMAT,
             "version": MODEL_VERSION,
-            "store": store.url if store is not None else None,
+            "store": self.store_url_,
         }
         write_factors(path, arrays, attrs)
 
@@ -362,4 +450,5 @@ class ALS:
         model.user_ids_ = arrays.get("user_ids")
         model.item_ids_ = arrays.get("item_ids")
         model.store_url_ = attrs.get("store")
+        model._maps = {}
         return model

@@ -11,22 +11,23 @@ from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .budget import check_cpu_time, forecast_note
 from .callbacks import Log, Progress
 from .checkpoint import Checkpointer
 from .config import Config, DataConfig
 from .data.store import RatingsStore
 from .engine.cluster import (
-    backend_on,
+    client_resources,
     cluster_client,
+    local_resources,
     transport,
     worker_addresses,
-    worker_memory,
 )
 from .engine.plan import Plan, make_plan
 from .errors import ConfigError, IngestError, StoreError
 from .model import ALS
 from .paths import check_writable, is_url, normalize_url
-from .records import RunFolder
+from .records import RunFolder, warm_plotting
 
 if TYPE_CHECKING:
     from .data import ingest
@@ -101,44 +102,113 @@ def _check_reuse(config: Config, store: RatingsStore) -> None:
     if got != want:
         raise StoreError(
             f"{data.store} exists but was built with {got}, the config asks for {want}; set "
-            "data.overwrite: true to rebuild it, or point data.store elsewhere"
+            "data.overwrite: true to rebuild it, or point data.store elsewhere (to train on "
+            f"that store as it is: cumf-dask train --store {data.store})"
         )
 
 
+def check_inputs(config: Config) -> None:
+    """Fail before any cluster starts when the config's input is missing or invalid: a store
+    to open that is not there, a file to ingest that is not there (unless a complete store
+    built from it is reused), generator settings that do not make a shape."""
+    data = config.data
+    if data.source == "generate":
+        from .data.planted import PlantedModel
+
+        PlantedModel.create(**asdict(data.generate))
+        return
+    if data.source == "store" or not data.overwrite:
+        try:
+            RatingsStore.open(data.store)
+            return
+        except StoreError:
+            if data.source == "store":
+                raise
+    if not data.ingest.path:
+        raise IngestError("data.ingest.path is empty: set the input file to ingest")
+    from .data.readers import Files
+
+    Files(data.ingest.path, unit="line")  # raises for a missing file or an empty glob
+
+
+@dataclass
+class JobPlan:
+    """A config's plan, and the data it was made from.
+
+    `store` is the store planned on (None when it is still to be generated: the plan then
+    comes from the generator's shape with even splits, `estimated`); `generate_nnz` the
+    ratings to generate first (0 when the store exists).
+    """
+
+    plan: Plan
+    store: RatingsStore | None
+    generate_nnz: int = 0
+
+    @property
+    def estimated(self) -> bool:
+        return self.store is None
+
+
 def job_plan(
-    config: Config, client: Any, progress: Progress | None = None, log: Log = print
-) -> tuple[Plan, bool]:
-    """(plan, estimated): the plan of this config on this client's workers.
+    config: Config, client: Any = None, progress: Progress | None = None, log: Log = print
+) -> JobPlan:
+    """The plan of this config on this client's workers, or with no client on the local
+    cluster the config would start (read from this machine, no cluster started).
 
     With an existing store the plan uses its exact counts; a file to ingest is ingested
     first. A store still to be generated is planned from the generator's shape with even
-    splits (estimated = True), so planning a billion-rating config does not first build it.
+    splits, so planning a billion-rating config does not first build it.
     """
-    backend = backend_on(client, config.cluster.backend)
-    workers = len(worker_addresses(client))
-    memory = worker_memory(client, backend)
     f = config.model.factors
-    link = {"transport": transport(client)}  # the bandwidth is measured when a fit starts
-    try:
-        store = RatingsStore.open(config.data.store)
-    except StoreError:
-        if config.data.source == "store":
-            raise
-        if config.data.source == "generate":
-            from .data.presets import resolve_shape
+    data = config.data
+    store: RatingsStore | None = None
+    if data.source == "store":
+        store = RatingsStore.open(data.store)
+    elif data.source == "ingest":  # ingest needs no cluster; a complete store is reused
+        store = prepare_store(config, None, progress, log)
+    elif not data.overwrite:
+        try:
+            store = RatingsStore.open(data.store)
+        except StoreError:
+            pass  # generated when the job runs
+        else:
+            _check_reuse(config, store)
+            log(f"using the existing store {data.store} (data.overwrite: true rebuilds it)")
+    if store is None:
+        from .data.presets import resolve_shape
 
-            gen = config.data.generate
-            m, n, total = resolve_shape(
-                preset=gen.preset, scale=gen.scale, m=gen.m, n=gen.n, nnz=gen.nnz,
-                nonempty=gen.nonempty,
-            )  # fmt: skip
-            nnz = int(total * (1 - config.data.test_fraction))
-            return make_plan(m, n, nnz, f, workers, memory, None, None, config.plan, backend,
-                             **link), True  # fmt: skip
-        store = prepare_store(config, client, progress, log)
-    counts = (store.counts("row"), store.counts("col"))
-    shape = (store.m, store.n, store.nnz)
-    return make_plan(*shape, f, workers, memory, *counts, config.plan, backend, **link), False
+        gen = config.data.generate
+        m, n, total = resolve_shape(preset=gen.preset, scale=gen.scale, m=gen.m, n=gen.n,
+                                    nnz=gen.nnz, nonempty=gen.nonempty)  # fmt: skip
+        nnz = int(total * (1 - config.data.test_fraction))
+        counts: tuple[Any, Any] = (None, None)
+    else:
+        m, n, nnz, total = store.m, store.n, store.nnz, 0
+        counts = (store.counts("row"), store.counts("col"))
+    if client is None:
+        res = local_resources(config.cluster, nnz)
+    else:
+        res = client_resources(client, config.cluster.backend)
+    # the link's bandwidth is measured when a fit starts; the plan assumes the transport's
+    plan = make_plan(m, n, nnz, f, res.workers, res.memory, *counts, config.plan, res.backend,
+                     transport=res.transport)  # fmt: skip
+    return JobPlan(plan, store, total)
+
+
+def planted_reference(source: dict[str, Any]) -> dict[str, Any]:
+    """What a generated store's test RMSE can be compared with: the noise sigma (the floor
+    when ratings are neither clipped nor rounded), and the test RMSE of the planted
+    X* Theta*^T before clipping and rounding. Clipping removes noise that a fitted model can
+    learn (a rating at the top of the scale is the top whatever the noise), so a fitted
+    model may score below the planted model then. Empty for a store that was not generated."""
+    if source.get("kind") != "synthetic":
+        return {}
+    return {
+        "planted_test_rmse": source.get("planted_test_rmse"),
+        "noise": source.get("noise"),
+        "clipped": any(source.get(k) is not None for k in ("rating_min", "rating_max")),
+        "rounded": bool(source.get("round")),
+    }
 
 
 def predicted_and_measured(plan: Plan, metrics: list[dict[str, Any]]) -> dict[str, Any]:
@@ -189,26 +259,35 @@ def train(
     *,
     resume: bool = False,
     client: Any = None,
+    force: bool = False,
     on_iteration: Callable[[dict[str, Any]], None] | None = None,
     progress: Progress | None = None,
     log: Log = print,
 ) -> TrainResult:
     """Run a configured job end to end and write its run folder.
 
-    `on_iteration` gets each iteration's metrics record; `progress(stage, done, total)` the
-    data stages, stage "train" (iterations done) and the half-steps' batches ("update X",
-    "update Theta"); `log` one-line messages.
+    Before any cluster starts the inputs are checked and the job is planned (on this
+    machine when the cluster is local); a CPU job forecast over an hour is refused unless
+    `force` (:mod:`.budget`). `on_iteration` gets each iteration's metrics record;
+    `progress(stage, done, total)` the data stages, stage "train" (iterations done) and the
+    half-steps' batches ("update X", "update Theta"); `log` one-line messages.
     """
     _check_outputs(config)  # before a cluster starts or any input is read
+    check_inputs(config)
     run = RunFolder.latest(config) if resume else None
     if resume and run is None:
         log(f"no earlier run of '{config.output.name}' with checkpoints: starting fresh")
     with ExitStack() as stack:
         if run is not None:  # one writer per run folder: a second resume fails at once
             stack.enter_context(Checkpointer(run.checkpoints).locked())
-        if client is None:
-            client = stack.enter_context(cluster_client(config.cluster))
-        return _train(config, run, client, on_iteration, progress, log)
+        if client is None and config.cluster.address is None:  # planned before it starts
+            planned = _planned(config, None, force, progress, log)
+            client = stack.enter_context(cluster_client(config.cluster, nnz=planned.plan.x.nnz))
+        else:
+            if client is None:
+                client = stack.enter_context(cluster_client(config.cluster))
+            planned = _planned(config, client, force, progress, log)
+        return _train(config, run, client, planned.store, on_iteration, progress, log)
 
 
 def _check_outputs(config: Config) -> None:
@@ -221,21 +300,39 @@ def _check_outputs(config: Config) -> None:
         check_writable(data.store, "the rating store")
 
 
+def _planned(
+    config: Config, client: Any, force: bool, progress: Progress | None, log: Log
+) -> JobPlan:
+    """job_plan, refused when a CPU job is forecast too long (unless forced), else its
+    forecast logged when it is long enough to mention."""
+    planned = job_plan(config, client, progress, log)
+    fc = check_cpu_time(config, planned.plan, planned.generate_nnz, force=force)
+    note = forecast_note(config, planned.plan, fc)
+    if note:
+        log(note)
+    return planned
+
+
 def _train(
     config: Config,
     run: RunFolder | None,
     client: Any,
+    store: RatingsStore | None,
     on_iteration: Callable[[dict[str, Any]], None] | None,
     progress: Progress | None,
     log: Log,
 ) -> TrainResult:
+    """train() once the cluster is up: `store` is the one planned on (None: prepare it);
+    `run` the run folder resumed (None: a new one)."""
     resume = run is not None
     if client.dashboard_link and config.cluster.dashboard_address is not None:
         log(f"Dask dashboard: {client.dashboard_link}")
     log(f"{len(worker_addresses(client))} workers, transport {transport(client)}")
-    store = prepare_store(config, client, progress, log)
+    if store is None:
+        store = prepare_store(config, client, progress, log)
     run = run or RunFolder.create(config)
     run.write_config(config)
+    warm_plotting()  # the plot at the end does not wait for matplotlib's import
     started = time.perf_counter()
     iterations = config.model.iterations
 
@@ -263,6 +360,7 @@ def _train(
     last = model.metrics_[-1] if model.metrics_ else {}
     summary = {
         "run": str(run.path),
+        "latest": str(RunFolder.latest_link(config)),
         "store": store.url,
         "shape": [store.m, store.n],
         "nnz": store.nnz,
@@ -277,7 +375,7 @@ def _train(
         "train_rmse": last.get("train_rmse"),
         "test_rmse": last.get("test_rmse"),
         "loss": last.get("loss"),
-        "planted_test_rmse": store.source.get("planted_test_rmse"),
+        **planted_reference(store.source),
         "model": str(run.model),
         "plot": str(plot) if plot else None,
         "half_step_seconds": predicted_and_measured(model.plan_, model.metrics_),

@@ -1,4 +1,9 @@
-"""Run folders: resolved config, plan, per-iteration metrics (JSON lines), model, RMSE plot."""
+"""Run folders: resolved config, plan, per-iteration metrics (JSON lines), model, RMSE plot.
+
+Every new run of a config also points ``<output.dir>/<output.name>-latest`` at its folder (a
+relative symlink, replaced atomically), so ``runs/netflix-latest`` names the newest Netflix
+run whatever its timestamp; commands that take a model take a run folder too.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +40,13 @@ class RunFolder:
             n += 1
             path = base.with_name(f"{base.name}-{n}")
         path.mkdir(parents=True)
+        link_latest(path, cls.latest_link(config))
         return cls(path)
+
+    @staticmethod
+    def latest_link(config: Config) -> Path:
+        """``<output.dir>/<output.name>-latest``: the newest run folder of this config."""
+        return Path(config.output.dir) / f"{config.output.name}-latest"
 
     @classmethod
     def latest(cls, config: Config) -> RunFolder | None:
@@ -100,6 +113,39 @@ class RunFolder:
     def plot(self, metrics: list[dict[str, Any]], title: str = "") -> Path | None:
         """rmse.png: train/test RMSE against iteration and against time."""
         return plot_rmse(metrics, self.path / "rmse.png", title)
+
+
+def link_latest(run: Path, link: Path) -> None:
+    """Point `link` at `run` (relative, so the runs folder can move); atomic replace."""
+    tmp = link.with_name(f".{link.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.symlink(run.name, tmp, target_is_directory=True)
+        os.replace(tmp, link)
+    except OSError:  # no symlinks here (some Windows setups): the timestamped name still works
+        tmp.unlink(missing_ok=True)
+
+
+def model_path(path: str | Path) -> str:
+    """A saved model's path: `path` itself, or the model.zarr of the run folder `path`
+    (``runs/netflix-latest``)."""
+    inside = Path(path) / "model.zarr"
+    return str(inside) if inside.is_dir() else str(path)
+
+
+def warm_plotting() -> threading.Thread:
+    """Import matplotlib (Agg) in a background thread, so that the plot at the end of a run
+    does not wait for it: the import overlaps the iterations, whose NumPy work releases
+    the GIL. plot_rmse's own import then finds it loaded (or waits for it to finish)."""
+
+    def load() -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot
+
+    thread = threading.Thread(target=load, name="cumf-warm-plotting", daemon=True)
+    thread.start()
+    return thread
 
 
 def plot_rmse(metrics: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:

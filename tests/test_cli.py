@@ -3,6 +3,7 @@ evaluate -> recommend, generate -> info, exit codes, --quiet and --json."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -15,7 +16,10 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from cumf_dask.cli import Output
+from cumf_dask.cli import main
+from cumf_dask.commands import OWN_DATA
+from cumf_dask.errors import ConfigError
+from cumf_dask.output import Output, rmse_line
 
 PNG = b"\x89PNG\r\n\x1a\n"
 CONFIG = """\
@@ -85,26 +89,44 @@ def flow(work: Path) -> dict:
     out["train"] = cli(
         work, "--json", "train", "tiny.yaml", "--set", "model.iterations=2", terminal=True
     )
-    (run,) = (work / "runs").glob("tiny-*")
+    (run,) = (work / "runs").glob("tiny-2*")  # tiny-<timestamp>, not tiny-latest
     out["run"] = run
     out["metrics_after_train"] = (run / "metrics.jsonl").read_text().splitlines()
     out["resume"] = cli(work, "train", "tiny.yaml", "--resume", "--quiet")
-    model = str(run / "model.zarr")
-    out["evaluate"] = cli(work, "evaluate", model, "data/ratings.zarr", "-k", "5", "--json")
-    out["recommend"] = cli(work, "recommend", model, "--user", "user-7", "-k", "3", "--json")
-    out["recommend_human"] = cli(work, "recommend", model, "--user", "user-7", "-k", "3")
+    latest = "runs/tiny-latest"  # the run folder of the newest run, whatever its timestamp
+    out["evaluate"] = inproc(work, "evaluate", latest, "data/ratings.zarr", "-k", "5", "--json")
+    out["recommend"] = inproc(work, "recommend", latest, "--user", "user-7", "-k", "3", "--json")
+    out["recommend_human"] = inproc(work, "recommend", latest, "--user", "user-7", "-k", "3")
     return out
+
+
+def inproc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """main(args) in this process, in `cwd`, its output captured as cli() would capture it."""
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        os.chdir(here)
+    assert code == 0, f"exit {code}\n{out.getvalue()}\n{err.getvalue()}"
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def test_plan_ingests_the_store_and_prints_the_plan(flow, work):
     plan = one_json(flow["plan"])
     assert plan["x"]["f"] == 4 and plan["x"]["p"] == 1 and plan["theta"]["side"] == "theta"
+    assert plan["workers"] == 1 and not plan["estimated"] and plan["refused"] is None
+    assert plan["forecast"]["iterations"] == 3 and plan["forecast"]["total"] > 0
     assert (work / "data" / "ratings.zarr").is_dir()
 
 
 def test_train_writes_the_run_folder(flow):
     run, summary = flow["run"], one_json(flow["train"])
     assert summary["run"] == str(run.relative_to(run.parents[1]))
+    latest = run.parent / "tiny-latest"
+    assert latest.is_symlink() and latest.resolve() == run.resolve()
+    assert summary["latest"] == str(latest.relative_to(run.parents[1]))
     assert summary["iterations"] == 2 and summary["factors"] == 4
     assert len(flow["metrics_after_train"]) == 2
     first = json.loads(flow["metrics_after_train"][0])
@@ -142,18 +164,42 @@ def test_recommend_speaks_the_users_ids(flow):
     assert all(item.startswith("film ") for item in result["items"])
     assert result["scores"] == sorted(result["scores"], reverse=True)
     lines = flow["recommend_human"].stdout.splitlines()
-    assert lines[0].startswith("  1. film ") and len(lines) == 3
+    assert lines[0] == "top 3 for user user-7" and lines[1].split() == ["rank", "item", "score"]
+    rows = lines[2:]
+    assert len(rows) == 3 and all(row.split()[1] == "film" for row in rows)
+    assert [row.split()[0] for row in rows] == ["1", "2", "3"]
+    # aligned: every column starts and ends at the same place on every line
+    assert len({row.index("film") for row in rows} | {lines[1].index("item")}) == 1
+    assert len({len(line) for line in lines[1:]}) == 1  # scores right-aligned to the header
 
 
-def test_generate_and_info(work):
-    gen = cli(work, "generate", "--m", "300", "--n", "50", "--nnz", "4000", "--rating-min", "1",
-              "--rating-max", "5", "-o", "data/gen.zarr", "--json")  # fmt: skip
-    info = one_json(cli(work, "info", "data/gen.zarr", "--json"))
-    assert one_json(gen)["nnz"] == info["nnz"]
+@pytest.fixture
+def run_cli(work, monkeypatch, capsys):
+    """run_cli(*args, code=0) -> (stdout, stderr): main() in this process, in `work` (quicker
+    than a subprocess; the process-level behaviour is what cli() tests)."""
+    monkeypatch.chdir(work)
+
+    def run(*args: str, code: int = 0) -> tuple[str, str]:
+        try:
+            got = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors
+            got = exc.code
+        out, err = capsys.readouterr()
+        assert got == code, f"exit {got}\n{out}\n{err}"
+        return out, err
+
+    return run
+
+
+def test_generate_and_info(work, run_cli):
+    gen, _ = run_cli("generate", "--m", "300", "--n", "50", "--nnz", "4000", "--rating-min", "1",
+                     "--rating-max", "5", "-o", "data/gen.zarr", "--json")  # fmt: skip
+    info = json.loads(run_cli("info", "data/gen.zarr", "--json")[0])
+    assert json.loads(gen)["nnz"] == info["nnz"]
     assert (info["m"], info["n"], info["nnz"] + info["nnz_test"]) == (300, 50, 4000)
     assert info["rows"]["empty"] == 0 and info["bytes_on_disk"] > 0
     assert info["source"]["kind"] == "synthetic"
-    human = cli(work, "info", "data/gen.zarr").stdout
+    human = run_cli("info", "data/gen.zarr")[0]
     assert "300 x 50" in human and "degree" in human
     assert cli(work, "--quiet", "info", "data/gen.zarr").stdout == ""
 
@@ -171,31 +217,32 @@ def test_ingest_quiet_prints_nothing(work):
         (["train", "--bogus"], 2, "unrecognized arguments"),
         (["info", "nope.zarr"], 3, "nope.zarr: no rating store here"),
         (["ingest", "empty.csv", "-o", "data/empty.zarr"], 3, "empty.csv"),
+        (["ingest", "ratings.csv", "--format", "xls", "-o", "data/x.zarr"], 2,
+         "invalid choice: 'xls'"),
         (["bench", "nosuch"], 2, "no benchmark 'nosuch'"),
     ],
-)
-def test_exit_codes(work, args, code, message):
+)  # fmt: skip
+def test_exit_codes(work, run_cli, args, code, message):
     (work / "empty.csv").write_text("")
-    proc = cli(work, *args, code=code)
-    assert message in proc.stderr and proc.stdout == ""
+    out, err = run_cli(*args, code=code)
+    assert message in err and out == ""
 
 
-def test_bench_lists_the_available_benchmarks(work):
-    assert re.search(r"available: .*kernels", cli(work, "bench", "nosuch", code=2).stderr)
+def test_bench_lists_the_available_benchmarks(run_cli):
+    assert re.search(r"available: .*kernels", run_cli("bench", "nosuch", code=2)[1])
 
 
-def test_no_plan_fits_exits_4(flow, work):
-    cli(work, "plan", "tiny.yaml", "--set", "plan.memory_budget=100B", code=4)
+def test_no_plan_fits_exits_4(flow, run_cli):
+    run_cli("plan", "tiny.yaml", "--set", "plan.memory_budget=100B", code=4)
 
 
-def test_model_errors(flow, work):
+def test_model_errors(flow, run_cli):
     model = str(flow["run"] / "model.zarr")
-    wrong = cli(work, "recommend", model, "--user", "nobody", code=2)
-    assert "'nobody' is not in the model's user ids" in wrong.stderr
-    cli(work, "generate", "--m", "20", "--n", "10", "--nnz", "100", "-o", "data/other.zarr",
-        "--quiet")  # fmt: skip
-    other = cli(work, "evaluate", model, "data/other.zarr", code=3)
-    assert "but the model is 80 x 30" in other.stderr
+    _, wrong = run_cli("recommend", model, "--user", "nobody", code=2)
+    assert "'nobody' is not in the model's user ids" in wrong
+    run_cli("generate", "--m", "20", "--n", "10", "--nnz", "100", "-o", "data/other.zarr")
+    _, other = run_cli("evaluate", model, "data/other.zarr", code=3)
+    assert "but the model is 80 x 30" in other
 
 
 def test_json_errors_are_one_json_document(work):
@@ -225,3 +272,134 @@ def test_no_bars_when_not_a_terminal():
         progress("read", 5, 10)
         out.log("a line")
     assert buffer.getvalue() == "a line\n"
+
+
+# ----------------------------------------------------------------------------- in process
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """Starting a cluster fails the test: what must happen before any cluster starts."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a cluster was started")
+
+    monkeypatch.setattr("cumf_dask.engine.cluster.make_client", refuse)
+
+
+def test_help_shows_defaults_choices_and_benchmarks(capsys):
+    for command in ("ingest", "generate", "evaluate", "recommend", "train", "bench"):
+        with pytest.raises(SystemExit) as exit_:
+            main([command, "--help"])
+        assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert "(default: 0.1)" in text and "(default: csv)" in text and "(default: 10)" in text
+    assert "{csv,tsv,delimited,movielens-100k,movielens-1m,movielens-csv,netflix,parquet}" in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+    seed = next(x for x in text.splitlines() if x.strip().startswith("--seed"))
+    assert seed.endswith("(default: 0)")  # a default of 0 is still a default
+    for option in ("--delimiter", "--seed", "--split-seed", "--tile-cols", "-k K", "--user USER"):
+        line = next(x for x in text.splitlines() if x.strip().startswith(option))
+        assert len(line.split(maxsplit=2 if " " in option else 1)) > 1, f"{option} has no help"
+    assert re.search(r"available benchmarks: .*kernels", text)
+
+
+def test_plan_of_a_local_run_starts_no_cluster(work, monkeypatch, no_cluster, capsys):
+    monkeypatch.chdir(work)
+    assert main(["plan", "tiny.yaml", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["workers"] == 1 and plan["backend"] in ("numpy", "cupy")
+
+
+@pytest.mark.parametrize(
+    ("config", "code", "message"),
+    [
+        ("data: {source: ingest, store: data/m.zarr, ingest: {path: missing.csv}}", 3,
+         "missing.csv: no such file"),
+        ("data: {source: store, store: data/none.zarr}", 3, "no rating store"),
+        ("data: {source: generate, generate: {m: 10, n: 10}}", 2, "generate needs nnz"),
+    ],
+)  # fmt: skip
+def test_missing_input_fails_before_any_cluster(work, monkeypatch, no_cluster, capsys,
+                                                config, code, message):  # fmt: skip
+    monkeypatch.chdir(work)
+    (work / "bad.yaml").write_text(config + "\n")
+    for command in ("train", "plan"):
+        assert main([command, "bad.yaml"]) == code
+        assert message in capsys.readouterr().err
+
+
+CPU_NETFLIX = [str(ROOT / "configs" / "netflix.yaml"), "--set", "cluster.backend=numpy",
+               "--set", "cluster.n_workers=2", "--set", "plan.memory_budget=64GB"]  # fmt: skip
+
+
+def test_a_gpu_size_job_is_refused_on_the_cpu(tmp_path, monkeypatch, no_cluster, capsys):
+    """Full-size Netflix on 2 CPU workers: refused before anything starts, with the forecast
+    and the fixes (a scale, a GPU, --force); plan says the same."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("cumf_dask.budget.CPU_TIME_LIMIT", 600.0)  # machine independent
+    assert main(["train", *CPU_NETFLIX]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    forecast = (r"forecast to take [\d.]+ (min|h) \([\d.]+ (s|min) per iteration x 10 \+ "
+                r"[\d.]+ (s|min) generating 99,000,000 ratings\) on 2 CPU workers")  # fmt: skip
+    assert re.search(forecast, err)
+    assert re.search(r"--set data.generate.scale=0\.\d+ \(forecast [\d.]+ (s|min)\)", err)
+    assert "--force" in err
+    assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()
+    assert main(["plan", *CPU_NETFLIX, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["estimated"] and plan["forecast"]["generate_nnz"] == 99_000_000
+    assert "--force" in plan["refused"]
+
+
+def test_force_runs_it_anyway(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("cumf_dask.budget.CPU_TIME_LIMIT", 600.0)
+
+    def reached(*args, **kwargs):
+        raise ConfigError("the cluster would start now")
+
+    monkeypatch.setattr("cumf_dask.engine.cluster.make_client", reached)
+    assert main(["train", *CPU_NETFLIX, "--force"]) == 2
+    assert "the cluster would start now" in capsys.readouterr().err
+
+
+def test_train_on_a_store_in_one_command(flow, work, monkeypatch, capsys):
+    """`train --store PATH`: model settings for real data, the run named after the store."""
+    monkeypatch.chdir(work)
+    args = ["train", "--store", "data/ratings.zarr", "--set", "model.iterations=1",
+            "--set", "cluster.dashboard_address=null", "--json"]  # fmt: skip
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["factors"] == OWN_DATA["factors"] == 64
+    assert summary["run"].startswith("runs/ratings-") and summary["latest"] == "runs/ratings-latest"
+    config = (work / summary["run"] / "config.yaml").read_text()
+    assert "regularization: 0.1" in config and "source: store" in config
+
+
+def test_rmse_line_names_the_reference():
+    clipped = {"test_rmse": 0.2068, "planted_test_rmse": 0.2335, "noise": 0.25, "clipped": True}
+    assert rmse_line(clipped).startswith(
+        "final test RMSE 0.2068 (planted X* Theta*^T before clipping 0.2335, noise sigma 0.25;"
+    )
+    assert rmse_line({"test_rmse": 0.26, "noise": 0.25, "planted_test_rmse": 0.25}) == (
+        "final test RMSE 0.2600 (the floor: noise sigma 0.25)"
+    )
+    assert rmse_line({"test_rmse": 0.9}) == "final test RMSE 0.9000"  # own data: no reference
+
+
+def test_a_long_job_is_announced_with_a_smaller_scale(tmp_path, monkeypatch):
+    """Under the refusal limit, a job over a minute is logged with its forecast first."""
+    from cumf_dask.budget import check_cpu_time, forecast_note
+    from cumf_dask.config import load_config
+    from cumf_dask.pipeline import job_plan
+
+    monkeypatch.chdir(tmp_path)
+    config = load_config(CPU_NETFLIX[0], overrides=CPU_NETFLIX[2::2])
+    planned = job_plan(config, None, log=lambda _: None)
+    fc = check_cpu_time(config, planned.plan, planned.generate_nnz, force=False)
+    note = forecast_note(config, planned.plan, fc)
+    assert note.startswith("forecast: ") and "on 2 CPU workers" in note
+    assert re.search(r"a CPU-size version: --set data\.generate\.scale=0\.\d+ \(forecast", note)

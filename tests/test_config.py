@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cumf_dask.cli import QUICKSTART
+from cumf_dask.commands import QUICKSTART
 from cumf_dask.config import Config, load_config, parse_size
 from cumf_dask.errors import ConfigError
 

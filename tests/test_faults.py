@@ -86,6 +86,8 @@ def fitted(store, f=3, seed=0) -> ALS:
     model.user_factors_ = rng.standard_normal((store.m, f)).astype(np.float32)
     model.item_factors_ = rng.standard_normal((store.n, f)).astype(np.float32)
     model.shape_, model.metrics_, model._store = (store.m, store.n), [], store
+    model.user_ids_ = model.item_ids_ = None  # the store's ids are indices
+    model.store_url_ = store.url
     return model
 
 

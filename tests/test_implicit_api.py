@@ -142,7 +142,7 @@ def test_fit_takes_a_scipy_matrix_and_refuses_negative_counts(client2):
         ImplicitALS(3, backend="numpy").fit((rows, cols, vals - 3, (30, 20)))
     with pytest.raises(ConfigError, match="alpha"):
         ImplicitALS(3, alpha=-1, backend="numpy").fit((rows, cols, vals, (30, 20)))
-    with pytest.raises(ConfigError, match="user index out of range"):
+    with pytest.raises(ConfigError, match="user id 30 is not in the model's user ids"):
         model.recommend([30])
 
 

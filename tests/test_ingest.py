@@ -96,7 +96,8 @@ def test_text_formats_round_trip(tmp_path, case):
     path = write(tmp_path / "ratings.txt", [header, *lines] if header else lines)
     store = ingest_file(path, tmp_path / "s.zarr", fmt, **options)
     assert contents(store) == expected(records)
-    assert (store.m, store.n, store.nnz) == (12, 9, 60)
+    assert (store.m, store.n, store.nnz + store.nnz_test) == (12, 9, 60)
+    assert store.nnz_test > 0  # 10% held out by default, as on the command line
     assert store.source["format"] == fmt
     if ids == "int":
         assert store.ids("rows").dtype.kind == store.ids("cols").dtype.kind == "i"

@@ -98,7 +98,8 @@ def test_fitted_model_pickles_without_its_cluster(store, client):
     assert copy.metrics_ == model.metrics_ and copy.plan_.x.q == model.plan_.x.q
     with pytest.raises(NotFittedError, match="still open"):
         copy.factors_as_dask()
-    assert "fitted 70 x 40" in repr(copy) and repr(ALS(3)).startswith("ALS(factors=3")
+    assert "fitted 70 users x 40 items, test RMSE " in repr(copy)
+    assert repr(ALS(3)).startswith("ALS(factors=3")
 
 
 def test_fit_on_arrays_without_client():
@@ -117,6 +118,8 @@ def test_bad_input(store, client, tmp_path):
         ALS(2).predict([0], [0])
     model = ALS(2, 0.1, 1, backend="numpy").fit(store, client=client)
     with pytest.raises(ConfigError, match="out of range"):
+        model.predict_indices([M], [0])
+    with pytest.raises(ConfigError, match=r"user id 70 is not in the model's user ids"):
         model.predict([M], [0])
     with pytest.raises(StoreError, match="not a complete"):
         ALS.load(store.url)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import dask
 import numpy as np
@@ -11,11 +12,11 @@ import zarr
 from conftest import HAS_CUDA
 from distributed import Client, LocalCluster
 
-from cumf_dask.config import GenerateConfig
+from cumf_dask.config import GenerateConfig, load_config
 from cumf_dask.data import synthetic
 from cumf_dask.data.hashing import hash64, stream_key
 from cumf_dask.data.planted import PlantedModel
-from cumf_dask.data.presets import PRESETS, resolve_shape
+from cumf_dask.data.presets import PRESETS, resolve_shape, smallest_scale
 from cumf_dask.data.sampling import Permutation
 from cumf_dask.data.store import RatingsStore
 from cumf_dask.data.synthetic import generate
@@ -182,17 +183,49 @@ def test_presets_and_scale():
     )  # fmt: skip
     assert PRESETS["yahoomusic"].lam == 1.4 and PRESETS["facebook"].f == 16
     assert resolve_shape(preset="Netflix") == (480_189, 17_770, 99_000_000)
-    assert resolve_shape(preset="netflix", scale=0.1) == (48_019, 1_777, 9_900_000)
-    assert resolve_shape(preset="facebook", scale=1e-3, nnz=10**6) == (
+    # scale multiplies nnz, and m and n by sqrt(scale): 0.1 -> x 0.31623 each
+    assert resolve_shape(preset="netflix", scale=0.1) == (151_849, 5_619, 9_900_000)
+    assert resolve_shape(preset="facebook", scale=1e-6, nnz=10**6) == (
         1_000_000, 48_000, 1_000_000,
     )  # fmt: skip
     assert resolve_shape(m=10, n=20, nnz=30) == (10, 20, 30)
 
 
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_scaled_presets_keep_density_and_aspect(name):
+    """A scaled preset is the data set's shape in small: density and m/n kept (to rounding),
+    the ratings per row and column shrunk by sqrt(scale), and every row can have a rating
+    down to the preset's smallest scale (below it, the error names that scale)."""
+    full = PRESETS[name]
+    smallest = smallest_scale(full)
+    for scale in (1.0, 0.1, 0.01, 1e-3, 1e-4, 1e-5):
+        if scale < smallest:
+            with pytest.raises(ConfigError, match=f"use scale >= {smallest:.3g} for {name}"):
+                resolve_shape(preset=name, scale=scale)
+            continue
+        m, n, nnz = resolve_shape(preset=name, scale=scale)
+        assert nnz == round(full.nnz * scale) and nnz >= max(m, n)
+        density, full_density = nnz / (m * n), full.nnz / (full.m * full.n)
+        assert density == pytest.approx(full_density, rel=0.02)
+        assert m / n == pytest.approx(full.m / full.n, rel=0.02)
+        assert nnz / m == pytest.approx(full.nnz / full.m * scale**0.5, rel=0.02)
+
+
+def test_every_config_resolves_with_nonempty_rows():
+    """The shipped configs' scales make a shape in which every row and column has a rating."""
+    for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):
+        gen = load_config(path).data.generate
+        if gen.preset is None and gen.m is None:
+            continue
+        m, n, nnz = resolve_shape(preset=gen.preset, scale=gen.scale, m=gen.m, n=gen.n,
+                                  nnz=gen.nnz, nonempty=gen.nonempty)  # fmt: skip
+        assert nnz >= max(m, n), path.name
+
+
 def test_scaled_preset_store(tmp_path):
     gen = PlantedModel.create(preset="yahoomusic", scale=1e-3, rating_min=0, rating_max=100)
     store = generate(tmp_path / "y.zarr", gen)
-    assert (store.m, store.n, store.nnz + store.nnz_test) == (1001, 625, 252_800)
+    assert (store.m, store.n, store.nnz + store.nnz_test) == (31_654, 19_763, 252_800)
     assert store.source["preset"] == "yahoomusic" and store.source["scale"] == 1e-3
     assert store.stats["min"] >= 0 and store.stats["max"] <= 100
 
@@ -201,7 +234,7 @@ def test_scaled_preset_store(tmp_path):
     "settings, match",
     [
         ({"preset": "movielens"}, "unknown; choose one of netflix"),
-        ({"preset": "netflix", "scale": 0.001}, r"use scale >= 0\.0116"),
+        ({"preset": "netflix", "scale": 1e-5}, r"use scale >= 2\.38e-05 for netflix"),
         ({"preset": "netflix", "scale": 0}, "'scale' must be > 0"),
         ({"m": 10, "n": 10, "nnz": 101}, "do not fit in a 10 x 10 matrix"),
         ({"m": 0, "n": 10, "nnz": 5, "nonempty": False}, "'m' must be >= 1"),

@@ -6,7 +6,8 @@
 * :mod:`.bands`: writing one band and transposing, the pure functions every build runs.
 * :mod:`.spill`: :class:`~.spill.StoreBuilder`, COO chunks of any size in bounded memory.
 * :mod:`.duplicates`: the repeated-pair policy; :mod:`.hashing`: splitmix64 and the split.
-* :mod:`.readers` and :mod:`.ingest`: rating files and in-memory ratings into a store.
+* :mod:`.formats`, :mod:`.readers` and :mod:`.ingest`: rating files and in-memory ratings
+  into a store; :mod:`.inputs`: what ``ALS.fit`` takes (pandas, Dask, SciPy, arrays).
 * :mod:`.presets`, :mod:`.sampling`, :mod:`.planted`, :mod:`.synthetic`: the planted model
   and its parallel generator.
 

@@ -12,7 +12,8 @@ Ids:
   (strings, sparse integers): they are numbered 0, 1, ... in order of first appearance and the
   map is kept in the store (``store.ids("rows")`` / ``store.ids("cols")``). Ids read from text
   are strings; when every id of an axis is a plain integer (``17``, not ``017``) the map is
-  stored as int64. In-memory and Parquet ids keep their type.
+  stored as int64. In-memory and Parquet ids keep their type, except floats: those must be
+  whole numbers and are stored as int64 (a fraction is an error, never truncated).
 * A declared size uses the ids as indices directly (no map): they must be integers in
   ``[0, m)`` / ``[0, n)``. A SciPy matrix always declares its shape.
 
@@ -48,6 +49,7 @@ import pandas as pd  # a core dependency: chunked, C-speed text parsing
 from ..checks import MAX_RATING, check_positive_int, check_scale
 from ..errors import IngestError
 from .duplicates import DuplicatePolicy
+from .formats import FORMATS
 from .hashing import SplitKind
 from .readers import (
     Chunk,
@@ -66,16 +68,6 @@ from .store import RatingsStore
 Progress = Callable[[str, int, int | None], None]
 PathSpec = str | PathLike[str] | Sequence[str | PathLike[str]]
 
-FORMATS: dict[str, str] = {
-    "csv": "comma-separated user,item,rating[,...]; header guessed unless given",
-    "tsv": "tab-separated user, item, rating[, ...]; header guessed unless given",
-    "delimited": "any delimiter (--delimiter; default: whitespace)",
-    "movielens-100k": "MovieLens 100K u.data: user<TAB>item<TAB>rating<TAB>timestamp",
-    "movielens-1m": "MovieLens 1M/10M ratings.dat: user::item::rating::timestamp",
-    "movielens-csv": "MovieLens ratings.csv (ml-latest, 20M, 25M): userId,movieId,rating,...",
-    "netflix": "Netflix Prize: 'movie_id:' lines, each followed by user,rating,date lines",
-    "parquet": "Parquet columns user, item, rating (first three unless --columns)",
-}
 
 _TEXT_FORMATS = {
     "csv": TextFormat(","),
@@ -106,7 +98,7 @@ def ingest_file(
     n: int | None = None,
     rating_min: float | None = None,
     rating_max: float | None = None,
-    test_fraction: float = 0.0,
+    test_fraction: float = 0.1,
     split_seed: int = 0,
     split: SplitKind = "pairs",
     tile_rows: int | None = None,
@@ -130,7 +122,8 @@ def ingest_file(
     m, n : declared numbers of users and items: ids are then indices in [0, m) / [0, n).
     rating_min, rating_max : the declared rating scale (either may be None): a rating
         outside it is an error. Without a scale, ratings beyond +-1e9 are (module doc).
-    test_fraction, split_seed : deterministic held-out share (by pair hash and seed).
+    test_fraction, split_seed : deterministic held-out share (by pair hash and seed); 0.1
+        by default, as on the command line (0: everything is training data).
     split : ``"pairs"`` (that share of all pairs) or ``"users"`` (that share of each user's
         pairs, never all of them: every user keeps a training rating).
     chunk_rows : lines (rows) per chunk: bounds the memory of reading.
@@ -160,8 +153,8 @@ def ingest_file(
         files = Files(path, unit="line")
         chunks = read_text(files, spec, chunk_rows)
     source = {"kind": "file", "format": format, "path": files.name, "duplicates": duplicates}
-    return _ingest(
-        chunks, url, files, _with_scale(source, rating_min, rating_max), m, n,
+    return ingest_chunks(
+        chunks, url, files, with_scale(source, rating_min, rating_max), m, n,
         scale=(rating_min, rating_max), duplicates=duplicates, test_fraction=test_fraction,
         split_seed=split_seed, split=split, tile_rows=tile_rows, tile_cols=tile_cols,
         overwrite=overwrite, progress=progress,
@@ -178,7 +171,7 @@ def ingest_arrays(
     duplicates: DuplicatePolicy = "error",
     rating_min: float | None = None,
     rating_max: float | None = None,
-    test_fraction: float = 0.0,
+    test_fraction: float = 0.1,
     split_seed: int = 0,
     split: SplitKind = "pairs",
     tile_rows: int | None = None,
@@ -205,9 +198,9 @@ def ingest_arrays(
             f"{users.shape}, {items.shape}, {ratings.shape}"
         )
     m, n = shape if shape is not None else (None, None)
-    return _ingest(
+    return ingest_chunks(
         read_arrays(users, items, ratings, chunk_rows), url, Records(len(ratings)),
-        _with_scale(source or {"kind": "arrays"}, rating_min, rating_max), m, n,
+        with_scale(source or {"kind": "arrays"}, rating_min, rating_max), m, n,
         scale=(rating_min, rating_max), duplicates=duplicates, test_fraction=test_fraction,
         split_seed=split_seed, split=split, tile_rows=tile_rows, tile_cols=tile_cols,
         overwrite=overwrite, progress=progress, expected_nnz=len(ratings),
@@ -266,6 +259,8 @@ class _Axis:
         """Dense int64 indices of one chunk's ids."""
         if self.size is not None:
             return self._check(ids, seq, records)
+        if ids.dtype.kind == "f":  # e.g. an integer column with a NaN: whole numbers only
+            ids = self._whole(ids, seq, records)
         codes, uniques = pd.factorize(ids)
         if (codes < 0).any():
             where = records.where(seq[np.argmax(codes < 0)])
@@ -276,6 +271,18 @@ class _Axis:
         self._codes.update(zip(uniques[new].tolist(), known[new].tolist(), strict=True))
         self._new.append(uniques[new])
         return known[codes]
+
+    def _whole(self, ids: np.ndarray, seq: np.ndarray, records: Records) -> np.ndarray:
+        """Float ids as int64 when each is a whole number; a fraction is refused (never
+        truncated: 1.5 and 1.0 would become one user)."""
+        bad = ~(np.isfinite(ids) & (ids == np.floor(ids)) & (np.abs(ids) < 2.0**63))
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise IngestError(
+                f"{records.where(seq[k])}: {self.noun} id {show(ids[k])} is not a whole "
+                "number; ids are integers or text (a fraction is not truncated)"
+            )
+        return ids.astype(np.int64)
 
     def _check(self, ids: np.ndarray, seq: np.ndarray, records: Records) -> np.ndarray:
         size = self.size
@@ -301,7 +308,7 @@ class _Axis:
         return show(self.labels[index]) if self.labels is not None else str(index)
 
 
-def _ingest(
+def ingest_chunks(
     chunks: Iterable[Chunk],
     url: str | PathLike[str],
     records: Records,
@@ -313,7 +320,11 @@ def _ingest(
     progress: Progress | None,
     **builder_options: Any,
 ) -> RatingsStore:
-    """The shared pipeline: check ratings, map ids, spill to the builder, finalize."""
+    """The shared pipeline: check ratings, map ids, spill to the builder, finalize.
+
+    `chunks` of raw records, numbered as `records` describes (:mod:`.readers`); m, n the
+    declared sizes (None: ids mapped); builder options as for :class:`StoreBuilder`.
+    """
     builder = StoreBuilder(str(url), m=m, n=n, **builder_options)
     users, items = _Axis("user", "m", m), _Axis("item", "n", n)
     count = 0
@@ -375,7 +386,7 @@ def _ratings(chunk: Chunk, records: Records, scale: Scale) -> np.ndarray:
     )
 
 
-def _with_scale(source: dict[str, Any], low: float | None, high: float | None) -> dict:
+def with_scale(source: dict[str, Any], low: float | None, high: float | None) -> dict:
     """The store's provenance, with the declared scale when there is one."""
     if low is None and high is None:
         return source

@@ -8,7 +8,9 @@
 6. :mod:`.fit`: the loop (start or resume, iterate, score, checkpoint);
 7. :mod:`.session`: a finished fit's factors on the workers (export, gather, recommend).
 
-:mod:`.cluster` makes clients and tells the planner what the workers have; :mod:`.watch`
+:mod:`.cluster` makes clients and tells the planner what the workers have (from a running
+cluster, or for a local one from this machine without starting it); :mod:`.costs` prices
+a half-step for the planner and for the job forecast (:mod:`cumf_dask.budget`); :mod:`.watch`
 is how every wait of the engine fails fast (a lost or memory-starved worker) instead of
 hanging, and :mod:`.fit` recovers from a lost worker. What a row update solves (explicit
 ratings or implicit feedback, Cholesky or CG) is the backend's

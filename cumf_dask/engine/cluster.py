@@ -8,12 +8,14 @@ on GPU workers a node-local CuPy kernel cache so processes do not race on one di
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from distributed import Client, WorkerPlugin
@@ -21,10 +23,12 @@ from distributed import Client, WorkerPlugin
 from ..backend import resolve_backend_name
 from ..compat import has_module
 from ..config import ClusterConfig, parse_size
-from ..devices import cuda_device_count, gpu_total_memory, has_cuda
+from ..devices import cuda_device_count, gpu_memories, gpu_total_memory, has_cuda
 from ..errors import ConfigError
 from . import tasks
 from .placement import COMPUTE
+
+_log = logging.getLogger(__name__)
 
 # Local workers get one thread more than cluster.threads_per_worker and this many units of
 # the COMPUTE resource: compute tasks take a unit, loads do not, so a worker reads its next
@@ -61,10 +65,35 @@ class CumfWorkerSetup(WorkerPlugin):
         os.environ["CUPY_CACHE_DIR"] = os.path.join(root, f"cumf-worker-{worker.name}")
 
 
-def make_client(config: ClusterConfig | None = None) -> Client:
+# cluster.processes "auto": a local CPU cluster of at most this many ratings runs its workers
+# as threads of this process (measured faster at 0.8M and 5.6M ratings on 2 cores: README
+# "Set up and run"); above it, processes, whose nannies restart a worker out of memory
+IN_PROCESS_MAX_NNZ = 20_000_000
+
+
+def in_process(config: ClusterConfig, nnz: int | None = None) -> bool:
+    """Whether a local CPU cluster for `nnz` ratings runs its workers as threads of this
+    process: cluster.processes false, or "auto" and a known nnz up to IN_PROCESS_MAX_NNZ.
+
+    Threads start in a fraction of a second and move nothing between workers; NumPy's BLAS
+    and LAPACK calls release the GIL, so the workers still compute in parallel. Processes
+    isolate the workers (a nanny restarts one that runs out of memory) for large problems.
+    """
+    if config.processes == "auto":
+        return nnz is not None and nnz <= IN_PROCESS_MAX_NNZ
+    return not config.processes
+
+
+def cpu_workers(config: ClusterConfig) -> int:
+    """Workers of a local CPU cluster: cluster.n_workers, else one per threads_per_worker cores."""
+    return config.n_workers or max(1, (os.cpu_count() or 1) // config.threads_per_worker)
+
+
+def make_client(config: ClusterConfig | None = None, nnz: int | None = None) -> Client:
     """A Client for the config: join `address`, else start a local cluster of the right kind.
 
-    The client process never touches CUDA before the GPU workers start (dask-cuda pitfall).
+    `nnz` (the problem's ratings, when known) decides ``cluster.processes: auto``. The client
+    process never touches CUDA before the GPU workers start (dask-cuda pitfall).
     """
     config = config or ClusterConfig()
     if config.address:
@@ -80,12 +109,12 @@ def make_client(config: ClusterConfig | None = None) -> Client:
     else:
         from distributed import LocalCluster
 
-        n_workers = config.n_workers or max(1, (os.cpu_count() or 1) // config.threads_per_worker)
         kwargs: dict[str, Any] = {}
         if config.memory_limit:
             kwargs["memory_limit"] = parse_size(config.memory_limit)
         cluster = LocalCluster(
-            n_workers=n_workers,
+            n_workers=cpu_workers(config),
+            processes=not in_process(config, nnz),
             threads_per_worker=config.threads_per_worker + 1,
             resources={COMPUTE: config.threads_per_worker},
             dashboard_address=_dashboard(config),
@@ -97,9 +126,9 @@ def make_client(config: ClusterConfig | None = None) -> Client:
 
 
 @contextmanager
-def cluster_client(config: ClusterConfig | None = None) -> Iterator[Client]:
+def cluster_client(config: ClusterConfig | None = None, nnz: int | None = None) -> Iterator[Client]:
     """make_client as a context: the client and any cluster it started are closed after."""
-    client = make_client(config)
+    client = make_client(config, nnz)
     try:
         yield client
     finally:
@@ -110,6 +139,11 @@ def cluster_client(config: ClusterConfig | None = None) -> Iterator[Client]:
 
 
 def _cuda_cluster(config: ClusterConfig) -> Any:
+    if config.processes is False:
+        raise ConfigError(
+            "cluster.processes is false but the backend is cupy: GPU workers are processes "
+            "(one per GPU); remove cluster.processes or set cluster.backend: numpy"
+        )
     if not has_module("dask_cuda"):
         raise ConfigError(
             "cluster.backend is cupy but dask-cuda is not installed: pip install 'cumf-dask[gpu]'"
@@ -139,11 +173,19 @@ def _cuda_cluster(config: ClusterConfig) -> Any:
     if config.rmm_pool_size:
         kwargs["rmm_pool_size"] = config.rmm_pool_size
         kwargs["rmm_allocator_external_lib_list"] = ["cupy"]
-    gpus = len(config.devices) if config.devices is not None else cuda_device_count()
-    if cuda_protocol(config.protocol, gpus) == "ucx":
+    if cuda_protocol(config.protocol, len(gpu_ids(config))) == "ucx":
         kwargs.update(protocol="ucx", enable_nvlink=True, enable_tcp_over_ucx=True)
     kwargs["dashboard_address"] = _dashboard(config)
     return LocalCUDACluster(**kwargs)
+
+
+def gpu_ids(config: ClusterConfig) -> list[int]:
+    """The visible GPUs (0-based among CUDA_VISIBLE_DEVICES) a local GPU cluster uses: one
+    worker each, cluster.devices, else the first cluster.n_workers, else all."""
+    if config.devices is not None:
+        return list(config.devices)
+    count = cuda_device_count()
+    return list(range(min(config.n_workers, count) if config.n_workers else count))
 
 
 def cuda_protocol(protocol: str, gpus: int) -> str:
@@ -171,6 +213,56 @@ def _dashboard(config: ClusterConfig) -> str:
     return config.dashboard_address if config.dashboard_address is not None else ":0"
 
 
+@dataclass(frozen=True)
+class Resources:
+    """What the planner needs of the workers: backend, how many, the smallest one's memory
+    (GPU memory on GPU workers) and the transport between them."""
+
+    backend: str
+    workers: int
+    memory: int
+    transport: str
+
+
+def local_resources(config: ClusterConfig, nnz: int | None = None) -> Resources:
+    """The Resources of the local cluster make_client(config, nnz) would start, read from
+    this machine without starting it: the same worker count and memory rules (Dask's share
+    of memory per CPU worker, or cluster.memory_limit; each GPU's memory from NVML, with no
+    CUDA context). Not for cluster.address: a running cluster is asked through a client."""
+    backend = resolve_backend_name(config.backend)
+    if backend == "cupy":
+        ids = gpu_ids(config)
+        sizes = gpu_memories()
+        bad = [d for d in ids if d < 0 or d >= len(sizes)]
+        if bad or not ids:
+            raise ConfigError(
+                f"cluster.devices {config.devices}: GPU ids {bad} do not exist "
+                f"({len(sizes)} visible)"
+            )
+        return Resources(backend, len(ids), min(sizes[d] for d in ids),
+                         cuda_protocol(config.protocol, len(ids)))  # fmt: skip
+    from distributed.worker_memory import parse_memory_limit
+
+    workers = cpu_workers(config)
+    if config.memory_limit:  # as a Worker reads its memory_limit (capped at the system's)
+        limit = parse_memory_limit(parse_size(config.memory_limit), config.threads_per_worker + 1,
+                                   logger=_log)  # fmt: skip
+    else:  # LocalCluster's default: the system's memory shared by the workers
+        limit = parse_memory_limit("auto", 1, workers, logger=_log)
+    if not limit:
+        import psutil
+
+        limit = int(psutil.virtual_memory().total / workers)
+    return Resources(backend, workers, int(limit), "inproc" if in_process(config, nnz) else "tcp")
+
+
+def client_resources(client: Client, backend: str) -> Resources:
+    """The Resources of a running cluster's workers (`backend` as the config names it)."""
+    backend = backend_on(client, backend)
+    return Resources(backend, len(worker_addresses(client)), worker_memory(client, backend),
+                     transport(client))  # fmt: skip
+
+
 def worker_addresses(client: Client) -> list[str]:
     """Worker addresses in a stable order (by name, then address)."""
     info = client.scheduler_info(n_workers=-1)["workers"]
@@ -196,11 +288,14 @@ def measure_link(
 ):
     """Bytes/s from the first worker to the second, timed on real transfers of `nbytes` in
     the backend's arrays (device memory on GPU workers), minus a tiny transfer's time; inf
-    when the transfer costs nothing measurable (in-process workers), None for one worker.
-    With `watch` (a :class:`~.watch.Watch`) a lost or memory-paused worker raises instead of
-    hanging. The caller keeps `nbytes` small next to the workers' memory."""
+    when the transfer costs nothing measurable or the workers share this process (nothing
+    is copied between them, so nothing is timed), None for one worker. With `watch` (a
+    :class:`~.watch.Watch`) a lost or memory-paused worker raises instead of hanging. The
+    caller keeps `nbytes` small next to the workers' memory."""
     if len(workers) < 2:
         return None
+    if transport(client) == "inproc":
+        return math.inf
     source, sink = workers[:2]
 
     def result(fut: Any) -> Any:

@@ -41,6 +41,14 @@ RATES = {
 }
 # bytes/s between two workers when nothing was measured, by the scheduler's protocol
 ASSUMED_LINK = {"ucx": 60e9, "tcp": 1.5e9, "inproc": math.inf}
+# ratings/s one worker (a CPU core) adds to a generated store, whole store including the
+# transposition (2-core box: 3.3-3.9M/s on 2 workers, benchmarks/RESULTS.md)
+GENERATE_RATE = 1.6e6
+
+
+def generate_seconds(nnz: int, workers: int) -> float:
+    """Predicted seconds to generate a planted-model store of `nnz` ratings."""
+    return nnz / (GENERATE_RATE * max(1, workers))
 
 
 @dataclass(frozen=True)

@@ -337,9 +337,9 @@ class _Run:
             if self.evaluate and engine.spec.implicit:
                 record.update(engine.implicit_loss(X, theta, it))
             elif self.evaluate:
-                record["train_rmse"] = engine.rmse(X, theta, it, "train")
-                if store.has_test:
-                    record["test_rmse"] = engine.rmse(X, theta, it, "test")
+                splits = ("train", "test") if store.has_test else ("train",)
+                errors = engine.rmses(X, theta, it, splits)  # one round of tasks for both
+                record.update({f"{split}_rmse": errors[split] for split in splits})
             record["elapsed"] = time.perf_counter() - self.began
             metrics = [*state.metrics, record]
             if self.checkpointer is not None:

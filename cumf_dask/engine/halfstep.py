@@ -318,24 +318,33 @@ class SUALSEngine:
     # ------------------------------------------------------------------ evaluation
     def rmse(self, X: Factor, Theta: Factor, it: int, split: str = "train") -> float:
         """RMSE over the training (or held-out) ratings, computed where the X-side blocks live."""
+        return self.rmses(X, Theta, it, (split,))[split]
+
+    def rmses(self, X: Factor, Theta: Factor, it: int, splits: tuple[str, ...]) -> dict[str, float]:
+        """RMSE of each split ("train", "test") in one round of tasks: the X rows and Theta
+        parts are placed once for all splits, and one gather waits for every error."""
         h = self.plan.x
-        futures = []
+        futures: dict[str, list[Future]] = {split: [] for split in splits}
         for j in range(h.q):
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             for i in range(h.p):
                 worker = self.place.block(h, i, j)
-                x_rows = self.gather(X, lo, hi, worker, f"gather-X-batch{j}-{split}")
-                futures.append(
-                    self.submit(
-                        tasks.block_squared_error, self.block(h, i, j, it, split), x_rows,
-                        self.fixed_on(h, Theta, i, worker, it), self.backend,
-                        key=f"error-{split}-batch{j}-part{i}-it{it}", worker=worker,
+                x_rows = self.gather(X, lo, hi, worker, f"gather-X-batch{j}-eval")
+                fixed = self.fixed_on(h, Theta, i, worker, it)
+                for split in splits:
+                    futures[split].append(
+                        self.submit(
+                            tasks.block_squared_error, self.block(h, i, j, it, split), x_rows,
+                            fixed, self.backend, key=f"error-{split}-batch{j}-part{i}-it{it}",
+                            worker=worker,
+                        )
                     )
-                )
-        results = self.watch.gather(futures)
-        total = sum(r[0] for r in results)
-        count = sum(r[1] for r in results)
-        return float(np.sqrt(total / count)) if count else float("nan")
+        results = {split: self.watch.gather(parts) for split, parts in futures.items()}
+        out = {}
+        for split, parts in results.items():
+            total, count = sum(r[0] for r in parts), sum(r[1] for r in parts)
+            out[split] = float(np.sqrt(total / count)) if count else float("nan")
+        return out
 
     def implicit_loss(self, X: Factor, Theta: Factor, it: int) -> dict[str, float]:
         """The implicit objective (:mod:`cumf_dask.backend.objective`) of (X, Theta), summed
@@ -370,8 +379,8 @@ class SUALSEngine:
                     )
                 )  # fmt: skip
             terms.append(futures)
-        stored = self.client.gather(blocks)
-        (x_terms, theta_terms) = (self.client.gather(t) for t in terms)
+        stored = self.watch.gather(blocks)
+        (x_terms, theta_terms) = (self.watch.gather(t) for t in terms)
         gx = sum(g for g, _ in x_terms)
         gt = sum(g for g, _ in theta_terms)
         reg = sum(r for _, r in x_terms) + sum(r for _, r in theta_terms)

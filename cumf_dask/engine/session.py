@@ -2,12 +2,18 @@
 done with them there (export as Dask arrays, gather to this process, recommend in batches).
 
 It holds the client, so it lives only as long as the client does; the estimator keeps it out
-of its pickled state.
+of its pickled state. At interpreter exit the clients of live sessions are closed before
+Dask's own exit handlers close the clusters (a client's close releases what it holds), so a
+client left open at exit ends without warnings about lost tasks; ``with Client(...) as
+client:`` avoids the question altogether.
 """
 
 from __future__ import annotations
 
+import atexit
 import uuid
+import weakref
+from contextlib import suppress
 from typing import Any
 
 import dask.array as da
@@ -18,6 +24,18 @@ from . import tasks
 from .halfstep import SUALSEngine
 from .placement import Factor
 
+_LIVE: weakref.WeakSet[Session] = weakref.WeakSet()
+_AT_EXIT: list[bool] = []  # registered once, after distributed's own exit handlers
+
+
+def _close_live_sessions() -> None:
+    """At exit, before Dask's handlers close the local clusters: close the clients that
+    still hold a fit's factors, as leaving a ``with Client(...)`` block would."""
+    clients = {id(s.client): s.client for s in list(_LIVE) if s.is_open}
+    for client in clients.values():
+        with suppress(Exception):  # a client already shutting down
+            client.close(timeout=3)
+
 
 class Session:
     """The engine of a finished fit and its factors on the workers."""
@@ -26,10 +44,27 @@ class Session:
         self.engine = engine
         self.X = X
         self.theta = theta
+        self._closed = False
+        if not _AT_EXIT:  # runs before the handlers registered earlier (LIFO)
+            atexit.register(_close_live_sessions)
+            _AT_EXIT.append(True)
+        _LIVE.add(self)
 
     @property
     def client(self) -> Any:
         return self.engine.client
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the factors are still on a running cluster (not closed, client running)."""
+        return not self._closed and getattr(self.client, "status", None) == "running"
+
+    def close(self) -> None:
+        """Let go of the factors on the cluster (the Dask arrays given out keep their own
+        pieces); the session is not used afterwards."""
+        self._closed = True
+        self.X.pieces, self.X.placed = [], {}
+        self.theta.pieces, self.theta.placed = [], {}
 
     def _dask(self, factor: Factor) -> da.Array:
         backend, client = self.engine.backend, self.client
@@ -75,7 +110,9 @@ class Session:
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Top-k of each chunk of users, one task per chunk on the workers (Theta broadcast)."""
         client, backend = self.client, self.engine.backend.partition("+")[0]
-        [theta] = client.scatter([item_factors], broadcast=True)
+        # hash=False: a fresh key per call; the same array's content key would race with
+        # the release of the previous call's copy ("lost dependencies")
+        [theta] = client.scatter([item_factors], broadcast=True, hash=False)
         futures = [
             client.submit(
                 tasks.recommend_batch, user_factors[c], theta, c, k, store, backend,

@@ -1,11 +1,10 @@
 """The one place where the implicit estimator's users and items become dense indices.
 
-Every public method of :class:`~cumf_dask.implicit.model.ImplicitALS` takes and returns
-dense indices (row i of ``user_factors_``, row j of ``item_factors_``) and passes them
-through :class:`IdLayer`, which today only checks their range. The explicit estimator is
-gaining a mapping from the user's own ids (the store's ``ids/rows`` and ``ids/cols``); when it
-lands, :class:`IdLayer` adopts it (``users``/``items`` map ids in, ``user_ids``/``item_ids``
-map indices out) and no method of the implicit estimator changes.
+Every public method of :class:`~cumf_dask.implicit.model.ImplicitALS` takes and returns the
+data's own user and item ids, like the explicit estimator's: :class:`IdLayer` maps them to
+dense indices (row i of ``user_factors_``, row j of ``item_factors_``) and back through the
+estimator's id maps (:class:`~cumf_dask.ids.IdMap`, from the store's ``ids/rows`` and
+``ids/cols``; the identity when the data's ids were the indices).
 
 :func:`interactions_block` reads the interactions of users given by the caller (a SciPy
 sparse matrix, or COO arrays), for folding in users and filtering their items.
@@ -19,39 +18,30 @@ import numpy as np
 
 from ..blocks import Block, coo_to_block
 from ..errors import ConfigError
+from ..ids import IdMap
 
 
 class IdLayer:
-    """Dense indices in and out, range-checked (see the module doc)."""
+    """The estimator's users and items, own ids in and out (see the module doc)."""
 
-    def __init__(self, n_users: int, n_items: int):
-        self.n_users, self.n_items = n_users, n_items
-
-    @staticmethod
-    def _check(index: Any, size: int, noun: str) -> np.ndarray:
-        index = np.atleast_1d(np.asarray(index))
-        if index.dtype.kind not in "iu":
-            raise ConfigError(f"{noun}s must be integer indices in [0, {size}), got {index.dtype}")
-        index = index.astype(np.int64)
-        if index.size and (index.min() < 0 or index.max() >= size):
-            raise ConfigError(f"{noun} index out of range [0, {size})")
-        return index
+    def __init__(self, users: IdMap, items: IdMap):
+        self._users, self._items = users, items
 
     def users(self, ids: Any) -> np.ndarray:
-        """Dense user indices of `ids`."""
-        return self._check(ids, self.n_users, "user")
+        """Dense user indices of `ids` (an unknown id is a ConfigError)."""
+        return self._users.indices(ids)
 
     def items(self, ids: Any) -> np.ndarray:
-        """Dense item indices of `ids`."""
-        return self._check(ids, self.n_items, "item")
+        """Dense item indices of `ids` (an unknown id is a ConfigError)."""
+        return self._items.indices(ids)
 
     def item_ids(self, index: np.ndarray) -> np.ndarray:
-        """The items of dense indices (-1, an empty place, stays -1)."""
-        return index
+        """The own ids of dense item indices (-1, an empty place, stays -1; None for text)."""
+        return self._items.ids(index)
 
     def user_ids(self, index: np.ndarray) -> np.ndarray:
-        """The users of dense indices."""
-        return index
+        """The own ids of dense user indices."""
+        return self._users.ids(index)
 
 
 def interactions_block(user_items: Any, n_rows: int, n_items: int) -> Block:

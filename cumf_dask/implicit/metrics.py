@@ -99,11 +99,11 @@ def ranking_metrics_at_k(
         mine = users[at] == r
         user_items = (at[mine], c[mine], np.ones(int(mine.sum()), np.float32))
         n_train = np.bincount(at[mine], minlength=users.size)
-        top, _ = model.recommend(users, k, user_items=user_items, batch=batch)
+        top, _ = model.recommend_indices(users, k, user_items=user_items, batch=batch)
     else:
         store = train if train is not None else model._seen_store(None)
         n_train = store.counts("row")[users]
-        top, _ = model.recommend(users, k, store=store, batch=batch)
+        top, _ = model.recommend_indices(users, k, store=store, batch=batch)
     return _metrics(top, pos, t_cols, n_items, n_train, k)
 
 

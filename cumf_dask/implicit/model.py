@@ -182,8 +182,7 @@ class ImplicitALS(ALS):
 
     @property
     def _ids(self) -> IdLayer:
-        self._check_fitted()
-        return IdLayer(self.user_factors_.shape[0], self.item_factors_.shape[0])
+        return IdLayer(self._map("user"), self._map("item"))
 
     def _spec(self) -> UpdateSpec:
         return self._params().spec()
@@ -255,7 +254,7 @@ class ImplicitALS(ALS):
 
         Parameters
         ----------
-        users : int or array of dense user indices
+        users : an id or array of the data's own user ids
             With ``recalculate_user``, only their number matters (one per row of
             `user_items`): the users need not be in the fit.
         k : int
@@ -263,20 +262,46 @@ class ImplicitALS(ALS):
         filter_already_liked_items : bool
             Skip each user's items: those of `user_items` when given, else their training
             items in `store` (default: the store the model was fitted on).
-        items : array of item indices, optional
+        items : array of the data's own item ids, optional
             Rank only these candidates.
         user_items : SciPy sparse (U, n) or (rows, items, counts), optional
-            The users' interactions, row r for ``users[r]``.
+            The users' interactions, row r for ``users[r]``; items as dense indices.
         recalculate_user : bool
             Fold the users in from `user_items` (:meth:`recalculate_user`) instead of using
             their fitted factors.
 
-        Places left when fewer than k candidates remain are id -1 with score -inf.
+        Returns own item ids; places left when fewer than k candidates remain are id -1
+        with score -inf.
         """
         self._check_fitted()
         ids = self._ids
-        n_items = self.item_factors_.shape[0]
         users = np.atleast_1d(np.asarray(users))
+        if not recalculate_user:
+            users = ids.users(users)
+        top, scores = self.recommend_indices(
+            users, k, filter_already_liked_items=filter_already_liked_items,
+            items=None if items is None else ids.items(items), user_items=user_items,
+            recalculate_user=recalculate_user, store=store, batch=batch,
+        )  # fmt: skip
+        return ids.item_ids(top), scores
+
+    def recommend_indices(  # type: ignore[override]
+        self,
+        users: Any,
+        k: int = 10,
+        *,
+        filter_already_liked_items: bool = True,
+        items: Any = None,
+        user_items: Any = None,
+        recalculate_user: bool = False,
+        store: RatingsStore | str | None = None,
+        batch: int = 4096,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`recommend` in dense indices: users (rows of ``user_factors_``), candidate
+        items and the returned items (rows of ``item_factors_``, -1 for an empty place)."""
+        self._check_fitted()
+        n_items = self.item_factors_.shape[0]
+        users = np.atleast_1d(np.asarray(users, np.int64))
         given = None
         if user_items is not None:
             given = interactions_block(user_items, len(users), n_items)
@@ -285,9 +310,8 @@ class ImplicitALS(ALS):
                 raise ConfigError("recommend(recalculate_user=True) needs user_items")
             X = self._fold_in(given, batch)
         else:
-            users = ids.users(users)
             X = self.user_factors_[users]
-        candidates = None if items is None else np.unique(ids.items(items))
+        candidates = None if items is None else np.unique(np.asarray(items, np.int64))
         chunks = [(lo, min(lo + batch, len(users))) for lo in range(0, len(users), batch)]
         batches = []
         for lo, hi in chunks:
@@ -303,8 +327,7 @@ class ImplicitALS(ALS):
         if not batches:
             return np.zeros((0, width), np.int64), np.zeros((0, width), np.float32)
         results = self._run(tasks.rank_batch, [self.item_factors_], batches, "recommend")
-        top = np.concatenate([r[0] for r in results])
-        return ids.item_ids(top), np.concatenate([r[1] for r in results])
+        return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
 
     def _similar(self, factors: np.ndarray, query: np.ndarray, k: int, batch: int, name: str):
         norms = np.linalg.norm(factors, axis=1, keepdims=True)

@@ -1,0 +1,69 @@
+"""Planning a local run without a cluster: what this machine's local cluster would have is
+what a started one reports; cluster.processes chooses threads or processes."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import random_ratings
+
+from cumf_dask.config import ClusterConfig, load_config
+from cumf_dask.data.spill import build_store
+from cumf_dask.engine.cluster import (
+    IN_PROCESS_MAX_NNZ,
+    client_resources,
+    cluster_client,
+    in_process,
+    local_resources,
+)
+from cumf_dask.errors import ConfigError
+from cumf_dask.pipeline import job_plan
+
+
+def test_processes_auto_uses_threads_for_small_cpu_problems():
+    auto = ClusterConfig()
+    assert in_process(auto, 800_000) and in_process(auto, IN_PROCESS_MAX_NNZ)
+    assert not in_process(auto, IN_PROCESS_MAX_NNZ + 1)
+    assert not in_process(auto, None)  # size unknown: processes, the safe choice
+    assert in_process(ClusterConfig(processes=False), 10**12)
+    assert not in_process(ClusterConfig(processes=True), 10)
+    assert local_resources(ClusterConfig(backend="numpy", processes=True)).transport == "tcp"
+
+
+@pytest.mark.parametrize("memory_limit", [None, "1GB"])
+def test_local_resources_are_what_the_started_cluster_reports(memory_limit):
+    config = ClusterConfig(backend="numpy", n_workers=2, processes=False, dashboard_address=None,
+                           memory_limit=memory_limit)  # fmt: skip
+    expected = local_resources(config, nnz=1000)
+    with cluster_client(config, nnz=1000) as client:
+        assert client_resources(client, "numpy") == expected
+    assert expected.transport == "inproc" and expected.workers == 2
+
+
+def test_job_plan_without_a_cluster_matches_the_plan_with_one(tmp_path):
+    rows, cols, vals = random_ratings(300, 80, 0.1, seed=5)
+    build_store(str(tmp_path / "r.zarr"), rows, cols, vals, shape=(300, 80))
+    config = load_config(data={
+        "data": {"store": str(tmp_path / "r.zarr")}, "model": {"factors": 6},
+        "cluster": {"backend": "numpy", "n_workers": 2, "dashboard_address": None},
+    })  # fmt: skip
+    local = job_plan(config, None, log=lambda _: None)
+    with cluster_client(config.cluster, nnz=local.plan.x.nnz) as client:
+        started = job_plan(config, client, log=lambda _: None)
+    assert local.plan.to_dict() == started.plan.to_dict()
+    assert not local.estimated and local.generate_nnz == 0
+
+
+def test_gpu_workers_cannot_be_threads():
+    with pytest.raises(ConfigError, match=r"cluster\.processes is false but the backend is cupy"):
+        from cumf_dask.engine.cluster import make_client
+
+        make_client(ClusterConfig(backend="cupy", processes=False))
+
+
+@pytest.mark.gpu
+def test_local_gpu_resources_are_what_the_started_cluster_reports():
+    """NVML's view (no CUDA context in this process) against the GPU workers' own."""
+    config = ClusterConfig(backend="cupy", dashboard_address=None)
+    expected = local_resources(config)
+    with cluster_client(config) as client:
+        assert client_resources(client, "cupy") == expected
