@@ -82,6 +82,7 @@ def test_fit_on_scheduler_and_worker_processes(scheduler_file, tmp_path):
         model = ALS(4, 0.05, 3, backend="numpy", plan=PlanConfig(p=2, q=2)).fit(
             store, client=client
         )
+        client.shutdown()  # scheduler and workers close at once (SIGTERM waits on the nannies)
     X, T = reference_als(rows, cols, vals, (80, 50), init_factor(50, 4, 0), 0.05, 3)
     assert rel_err(model.user_factors_, X) < 1e-4
     assert rel_err(model.item_factors_, T) < 1e-4

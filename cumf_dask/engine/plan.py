@@ -129,25 +129,42 @@ class Plan:
         return "\n".join(lines)
 
 
-def balanced_bounds(counts: np.ndarray | int, parts: int) -> list[int]:
-    """parts + 1 boundaries splitting rows so each part holds about the same ratings.
+class RowShares:
+    """The rows' cumulative share of the ratings, computed once (a cumulative sum over 50M rows
+    takes a third of a second) and split into any number of parts by :meth:`bounds`.
 
-    `counts` may be just the number of rows (counts unknown): the split is then even.
+    `counts` may be just the number of rows (counts unknown): splits are then even.
     """
-    n = counts if isinstance(counts, int) else len(counts)
-    parts = max(1, min(parts, n))
-    total = 0.0 if isinstance(counts, int) else float(counts.sum())
-    if total == 0:
-        return [round(i * n / parts) for i in range(parts + 1)]
-    cum = np.cumsum(counts, dtype=np.float64)
-    # Blend with an even split of rows so rows without ratings are spread too.
-    weight = cum / total + np.arange(1, n + 1) / n * 1e-3
-    targets = np.arange(1, parts) / parts * weight[-1]
-    cuts = np.searchsorted(weight, targets, side="left") + 1
-    bounds = [0, *(int(c) for c in cuts), n]
-    for i in range(1, parts):  # strictly increasing, and room left for the parts after i
-        bounds[i] = min(max(bounds[i], bounds[i - 1] + 1), n - (parts - i))
-    return bounds
+
+    def __init__(self, counts: np.ndarray | int):
+        self.n = counts if isinstance(counts, int) else len(counts)
+        total = 0.0 if isinstance(counts, int) else float(counts.sum())
+        self._weight: np.ndarray | None = None
+        if total > 0:
+            # Blend with an even split of rows so rows without ratings are spread too.
+            weight = np.cumsum(counts, dtype=np.float64)
+            weight /= total
+            weight += np.arange(1, self.n + 1, dtype=np.float64) * (1e-3 / self.n)
+            self._weight = weight
+
+    def bounds(self, parts: int) -> list[int]:
+        """parts + 1 boundaries splitting the rows so each part holds about the same ratings."""
+        n = self.n
+        parts = max(1, min(parts, n))
+        if self._weight is None:
+            return [round(i * n / parts) for i in range(parts + 1)]
+        targets = np.arange(1, parts) / parts * self._weight[-1]
+        cuts = np.searchsorted(self._weight, targets, side="left") + 1
+        bounds = [0, *(int(c) for c in cuts), n]
+        for i in range(1, parts):  # strictly increasing, and room left for the parts after i
+            bounds[i] = min(max(bounds[i], bounds[i - 1] + 1), n - (parts - i))
+        return bounds
+
+
+def balanced_bounds(counts: np.ndarray | int, parts: int) -> list[int]:
+    """parts + 1 boundaries splitting rows so each part holds about the same ratings
+    (:class:`RowShares`, for one split)."""
+    return RowShares(counts).bounds(parts)
 
 
 def _memory(n_rows: int, n_cols: int, nnz: int, f: int, p: int, q: int, fused: bool) -> dict:
@@ -171,8 +188,8 @@ def _half_step(
     f: int,
     workers: int,
     budget: int,
-    row_counts: np.ndarray | int,
-    col_counts: np.ndarray | int,
+    row_shares: RowShares,
+    col_shares: RowShares,
     p: int | None = None,
     q: int | None = None,
     fused: bool = False,
@@ -214,8 +231,8 @@ def _half_step(
         f=f,
         p=p,
         q=q,
-        row_bounds=balanced_bounds(row_counts, q),
-        col_bounds=balanced_bounds(col_counts, p),
+        row_bounds=row_shares.bounds(q),
+        col_bounds=col_shares.bounds(p),
         memory=memory,
     )
 
@@ -264,8 +281,8 @@ def make_plan(
     if workers < 1:
         raise PlanError("the cluster has no workers; start some or check the scheduler address")
     usable = budget - (parse_size(config.headroom, budget) or 0)
-    rc: np.ndarray | int = m if row_counts is None else row_counts
-    cc: np.ndarray | int = n if col_counts is None else col_counts
+    rc = RowShares(m if row_counts is None else row_counts)
+    cc = RowShares(n if col_counts is None else col_counts)
     sides = {"x": (m, n, rc, cc, config.x), "theta": (n, m, cc, rc, config.theta)}
 
     def half(side: Side, p: int | None, q: int | None) -> HalfStepPlan:
