@@ -168,7 +168,7 @@ class ALS:
             Continue from the last checkpoint in ``checkpoint_dir``.
         """
         self._check_params()
-        store, tmp = self._as_store(data)
+        store, tmp = self._as_store(data, client)
         try:
             self._check_store(store)
             if client is not None:
@@ -205,7 +205,9 @@ class ALS:
     def _check_store(self, store: RatingsStore) -> None:
         """Refuse data this model cannot fit (the explicit model fits any ratings)."""
 
-    def _as_store(self, data: Any) -> tuple[RatingsStore, Any]:
+    def _as_store(self, data: Any, client: Any) -> tuple[RatingsStore, Any]:
+        """The store `data` is or names, else a temporary one built from it (a Dask input is
+        computed on `client` when one is given); the temporary directory is returned too."""
         if isinstance(data, RatingsStore):
             return data, None
         if isinstance(data, (str, Path)):
@@ -214,7 +216,9 @@ class ALS:
 
         tmp = tempfile.TemporaryDirectory(prefix="cumf-fit-")
         try:
-            store = ingest_input(data, f"{tmp.name}/ratings.zarr", test_fraction=0.0)
+            store = ingest_input(
+                data, f"{tmp.name}/ratings.zarr", test_fraction=0.0, client=client
+            )
         except BaseException:
             tmp.cleanup()
             raise

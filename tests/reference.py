@@ -61,31 +61,34 @@ def _rows(rows, cols, vals, n_rows):
 
 
 def implicit_half_step(rows, cols, vals, n_rows, fixed, lam, alpha, *, weighted=False,
-                       solver="cholesky", previous=None, cg_steps=3, form="linear", eps=1.0):
-    """Solve every row from the fixed factor: exactly, or by implicit's CG from `previous`."""
+                       solver="cholesky", previous=None, cg_steps=3, form="linear", eps=1.0,
+                       dtype=np.float64):  # fmt: skip
+    """Solve every row from the fixed factor: exactly, or by implicit's CG from `previous`.
+    In float64; `dtype=np.float32` shows what float32 arithmetic alone changes."""
     f = fixed.shape[1]
     cols, vals, starts = _rows(np.asarray(rows), np.asarray(cols), vals, n_rows)
-    fixed = np.asarray(fixed, np.float64)
+    fixed = np.asarray(fixed, dtype)
     G0 = fixed.T @ fixed
-    out = np.zeros((n_rows, f)) if previous is None else np.array(previous, np.float64)
+    out = np.zeros((n_rows, f), dtype) if previous is None else np.array(previous, dtype)
     for u in range(n_rows):
         lo, hi = starts[u], starts[u + 1]
         if hi == lo:
             out[u] = 0
             continue
         Y = fixed[cols[lo:hi]]
-        c = confidence(vals[lo:hi], alpha, form, eps)
-        p = (vals[lo:hi] > 0).astype(np.float64)
+        c = confidence(vals[lo:hi], alpha, form, eps).astype(dtype)
+        p = (vals[lo:hi] > 0).astype(dtype)
         reg = lam * (hi - lo) if weighted else lam
-        A = G0 + (Y.T * (c - 1)) @ Y + reg * np.eye(f)
+        A = G0 + (Y.T * (c - 1)) @ Y + dtype(reg) * np.eye(f, dtype=dtype)
         b = Y.T @ (c * p)
         out[u] = np.linalg.solve(A, b) if solver == "cholesky" else cg(A, b, out[u], cg_steps)
     return out
 
 
 def cg(A, b, x, steps):
-    """implicit's CG: from x, `steps` steps; skip when r.r < 1e-20, stop when it falls below."""
-    x = np.array(x, np.float64)
+    """implicit's CG: from x, `steps` steps; skip when r.r < 1e-20, stop when it falls below.
+    In A's precision."""
+    x = np.array(x, A.dtype)
     r = b - A @ x
     d = r.copy()
     rsold = r @ r
@@ -137,7 +140,8 @@ def reference_implicit_als(rows, cols, vals, shape, x0, theta0, lam, alpha, iter
                            **options):
     """Implicit ALS from (X0, Theta0); returns (X, Theta, objective after each iteration)."""
     m, n = shape
-    x, theta = np.array(x0, np.float64), np.array(theta0, np.float64)
+    dtype = options.get("dtype", np.float64)
+    x, theta = np.array(x0, dtype), np.array(theta0, dtype)
     history = []
     for _ in range(iterations):
         x = implicit_half_step(rows, cols, vals, m, theta, lam, alpha, previous=x, **options)

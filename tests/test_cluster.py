@@ -77,7 +77,7 @@ def scheduler_file(tmp_path):
 def test_fit_on_scheduler_and_worker_processes(scheduler_file, tmp_path):
     rows, cols, vals = random_ratings(80, 50, 0.15, seed=8)
     store = build_store(str(tmp_path / "r.zarr"), rows, cols, vals, shape=(80, 50))
-    with Client(scheduler_file=scheduler_file, timeout="30s") as client:
+    with Client(scheduler_file=scheduler_file, timeout="30s", set_as_default=False) as client:
         client.wait_for_workers(2, timeout=60)
         model = ALS(4, 0.05, 3, backend="numpy", plan=PlanConfig(p=2, q=2)).fit(
             store, client=client

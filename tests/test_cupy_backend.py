@@ -227,6 +227,27 @@ def test_blocks_built_on_the_gpu_equal_the_host_ones(gpu, tmp_path):
 # ----------------------------------------------------------------------------- implicit, CG
 
 
+def _tolerance(A, B, counts, spec, gram0=None, x0=None):
+    """1e-4 against the NumPy backend (float64), except for CG: a few CG steps are sensitive
+    to rounding and the GPU runs them in float32, so there the bound is 4x what float32
+    arithmetic moves the same steps in NumPy (at f = 33..64 about 1e-4..4e-4)."""
+    from cumf_dask.backend.objective import batched_cg, regularization, symmetric
+
+    if not spec.cg:
+        return 1e-4
+    rows = np.flatnonzero(counts > 0)
+    M = symmetric(np, np.asarray(A[rows], np.float64))
+    if gram0 is not None:
+        M += gram0
+    diag = np.arange(M.shape[1])
+    M[:, diag, diag] += regularization(np, counts, spec)[rows][:, None]
+    start = np.zeros(B[rows].shape) if x0 is None else np.asarray(x0[rows], np.float64)
+    exact = batched_cg(np, M, np.asarray(B[rows], np.float64), start, spec.cg_steps)
+    single = batched_cg(np, M.astype(np.float32), B[rows].astype(np.float32),
+                        start.astype(np.float32), spec.cg_steps)  # fmt: skip
+    return max(1e-4, 4 * rel_err(single, exact))
+
+
 def _implicit(solver, **kw):
     from cumf_dask.backend.objective import UpdateSpec
 
@@ -253,14 +274,15 @@ def test_implicit_kernels_match_numpy_backend(gpu, cpu, f, solver):
     assert rel_err(_lower(A), _lower(A0)) < 1e-5, seed
     assert rel_err(B, B0) < 1e-5, seed
     ref = cpu.solve(A0, B0, counts, spec, gram0=gram0, x0=x0)
+    tol = _tolerance(A0, B0, counts, spec, gram0, x0)
     X = gpu.to_host(gpu.solve(gpu.asarray(A0), gpu.asarray(B0), gpu.asarray(counts), spec,
                               gram0=gpu.asarray(gram0), x0=gpu.asarray(x0)))  # fmt: skip
-    assert rel_err(X, ref) < 1e-4, seed
+    assert rel_err(X, ref) < tol, seed
     X = gpu.to_host(gpu.update(gpu.block_to_device(block), gpu.asarray(fixed),
                                gpu.asarray(counts), spec, gram0=gpu.asarray(gram0),
                                x0=gpu.asarray(x0)))  # fmt: skip
     assert np.isfinite(X).all() and (X[3] == 0).all()
-    assert rel_err(X, cpu.update(block, fixed, counts, spec, gram0=gram0, x0=x0)) < 1e-4, seed
+    assert rel_err(X, cpu.update(block, fixed, counts, spec, gram0=gram0, x0=x0)) < tol, seed
 
 
 @pytest.mark.parametrize("solver", ["cholesky", "cg"])
@@ -280,7 +302,9 @@ def test_implicit_long_rows_and_explicit_cg(cpu, solver, long_row):
         X = gpu.to_host(gpu.update(gpu.block_to_device(block), gpu.asarray(fixed),
                                    gpu.asarray(counts), spec, x0=gpu.asarray(x0)))  # fmt: skip
         ref = cpu.update(block, fixed, counts, spec, x0=x0)
-        assert rel_err(X, ref) < 1e-4
+        A, B = cpu.hermitian(block, fixed, spec)
+        gram0 = fixed.astype(np.float64).T @ fixed if spec.implicit else None
+        assert rel_err(X, ref) < _tolerance(A, B, counts, spec, gram0, x0)
 
 
 @pytest.mark.parametrize("solver", ["cholesky", "cg"])

@@ -38,6 +38,7 @@ from cumf_dask.data.planted import PlantedModel
 from cumf_dask.data.spill import build_store
 from cumf_dask.data.store import RatingsStore
 from cumf_dask.data.synthetic import generate
+from cumf_dask.engine.tasks import NonFiniteFactor, check_finite
 from cumf_dask.errors import (
     ConfigError,
     CumfWarning,
@@ -226,6 +227,17 @@ def test_non_finite_factors_keep_the_last_good_checkpoint(store, client2, tmp_pa
     monkeypatch.setattr(NumpyBackend, "update", _UPDATES["real"])
     als.fit(store, client=client2, resume=True)
     same(als, reference)
+
+
+def test_finite_check_names_the_first_bad_piece_and_row():
+    """One check per worker and half-step covers all its pieces: the first bad one counts."""
+    rng = np.random.default_rng()
+    pieces = [rng.standard_normal((n, 4)).astype(np.float32) for n in (10, 6, 8)]
+    check_finite([0, 10, 16], "numpy", *pieces)
+    pieces[1][3, 2], pieces[2][0, :] = np.inf, np.nan
+    with pytest.raises(NonFiniteFactor) as err:
+        check_finite([0, 10, 16], "numpy", *pieces)
+    assert (err.value.count, err.value.row) == (1, 13)
 
 
 def test_rating_scale(tmp_path, capsys):

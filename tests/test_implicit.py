@@ -151,7 +151,21 @@ def references(data):
     rows, cols, vals = data
     x0, theta0 = init_factor(M, F, 0, stream=2, scale=0.01), init_factor(N, F, 0, scale=0.01)
     args = (rows, cols, vals, (M, N), x0, theta0, LAM, ALPHA, ITERS)
-    return {solver: reference_implicit_als(*args, solver=solver) for solver in SOLVERS}
+    out = {solver: reference_implicit_als(*args, solver=solver) for solver in SOLVERS}
+    out["cg-float32"] = reference_implicit_als(*args, solver="cg", dtype=np.float32)
+    return out
+
+
+def _tolerances(references, solver, backend):
+    """(X, Theta, objective) tolerances against the float64 reference: 1e-4, except for CG on
+    the GPU. A few CG steps are sensitive to rounding, and the GPU runs them in float32: there
+    the bound is 4x what the same reference in float32 moves (about 3e-3 and 9e-3 here)."""
+    if solver != "cg" or backend != "cupy":
+        return 1e-4, 1e-4, 1e-4
+    exact, single = references["cg"], references["cg-float32"]
+    moved = [rel_err(single[k], exact[k]) for k in range(2)]
+    moved.append(float(np.max(np.abs(np.subtract(single[2], exact[2])) / np.abs(exact[2]))))
+    return tuple(max(1e-4, 4 * m) for m in moved)
 
 
 def _check(stores, clients, references, case, backend):
@@ -160,12 +174,13 @@ def _check(stores, clients, references, case, backend):
                         plan=PlanConfig(p=p, q=q))  # fmt: skip
     model.fit(stores[tiles], client=clients(workers))
     X, Theta, objective = references[solver]
+    tol_x, tol_theta, tol_objective = _tolerances(references, solver, backend)
     assert (model.plan_.x.p, model.plan_.x.q) == (p, q)
-    assert rel_err(model.user_factors_, X) < 1e-4
-    assert rel_err(model.item_factors_, Theta) < 1e-4
+    assert rel_err(model.user_factors_, X) < tol_x
+    assert rel_err(model.item_factors_, Theta) < tol_theta
     assert (model.user_factors_[EMPTY_ROWS] == 0).all() and (model.item_factors_[7] == 0).all()
     got = [r["objective"] for r in model.metrics_]
-    np.testing.assert_allclose(got, objective, rtol=1e-4)
+    np.testing.assert_allclose(got, objective, rtol=tol_objective)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

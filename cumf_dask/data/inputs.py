@@ -36,9 +36,12 @@ ACCEPTED = (
 )
 
 
-def ingest_input(data: Any, url: str | PathLike[str], **options: Any) -> RatingsStore:
+def ingest_input(
+    data: Any, url: str | PathLike[str], *, client: Any = None, **options: Any
+) -> RatingsStore:
     """Build a store at `url` from any input listed in the module docstring; `options` go
-    to the ingest functions (test_fraction, duplicates, overwrite, ...)."""
+    to the ingest functions (test_fraction, duplicates, overwrite, ...); a Dask input is
+    computed on `client` when one is given, else on Dask's default scheduler."""
     module = type(data).__module__
     if isinstance(data, tuple) and len(data) in (3, 4):
         shape = data[3] if len(data) == 4 else None
@@ -50,7 +53,7 @@ def ingest_input(data: Any, url: str | PathLike[str], **options: Any) -> Ratings
             raise ConfigError(f"fit() takes {ACCEPTED}; got a pandas {type(data).__name__}")
         return ingest_dataframe(data, url, *_columns(data.columns), **options)
     if module.startswith("dask"):
-        return ingest_dask(data, url, **options)
+        return ingest_dask(data, url, client=client, **options)
     if isinstance(data, np.ndarray):
         _check_rows(data.shape)
         return ingest_arrays(url, data[:, 0], data[:, 1], data[:, 2], **options)
@@ -65,10 +68,12 @@ def ingest_dask(
     rating_min: float | None = None,
     rating_max: float | None = None,
     progress: Any = None,
+    client: Any = None,
     **options: Any,
 ) -> RatingsStore:
     """Build a store from a Dask DataFrame (user, item, rating columns) or a Dask array of
-    (user, item, rating) rows, one partition at a time; ids as for ingest_arrays."""
+    (user, item, rating) rows, one partition at a time (on `client` when given, else on
+    Dask's default scheduler); ids as for ingest_arrays."""
     m, n = shape if shape is not None else (None, None)
     if hasattr(data, "columns"):
         cols = list(_columns(data.columns))
@@ -80,16 +85,17 @@ def ingest_dask(
         source = {"kind": "dask-array"}
     check_scale(rating_min, rating_max)
     return ingest_chunks(
-        _dask_chunks(parts), url, Records(None), with_scale(source, rating_min, rating_max), m,
-        n, scale=(rating_min, rating_max), progress=progress, **options,
+        _dask_chunks(parts, client), url, Records(None),
+        with_scale(source, rating_min, rating_max), m, n, scale=(rating_min, rating_max),
+        progress=progress, **options,
     )  # fmt: skip
 
 
-def _dask_chunks(parts: list[Any]) -> Iterator[Chunk]:
+def _dask_chunks(parts: list[Any], client: Any) -> Iterator[Chunk]:
     """Each partition computed in turn, as a chunk of raw records numbered in order."""
     done = 0
     for part in parts:
-        block = part.compute()
+        block = part.compute() if client is None else client.compute(part).result()
         if hasattr(block, "columns"):
             users, items, ratings = (block.iloc[:, k].to_numpy() for k in range(3))
         else:

@@ -1,8 +1,8 @@
 """The ALS loop on a cluster: plan, start (fresh or from a checkpoint), iterate, checkpoint.
 
 Each iteration runs update X (Theta fixed) then update Theta (X fixed) as SU-ALS half-steps
-(:mod:`.halfstep`), times both (the task that solves a factor piece checks that it is
-finite, on its worker: no extra task or round trip), scores train (and held-out) RMSE where
+(:mod:`.halfstep`), times both (one small task per worker checks that the pieces it solved
+are finite: one device sync per half-step, no data moved), scores train (and held-out) RMSE where
 the blocks live (the implicit model: its objective, see ``SUALSEngine.implicit_loss``),
 writes an atomic checkpoint, and calls the callbacks with the iteration's record. With the
 CG solver each half-step starts from the solved factor's previous iterate (X's first one is

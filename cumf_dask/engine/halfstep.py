@@ -229,11 +229,26 @@ class SUALSEngine:
         warm = previous if self.spec.cg else None
         build = self._model_parallel if h.p == 1 else self._data_parallel
         pieces, owners = build(h, fixed, it, gram0, warm)
-        return Factor(h.n_rows, h.f, pieces, owners=owners)
+        return Factor(h.n_rows, h.f, pieces, owners=owners,
+                      checks=self._finite_checks(h, pieces, owners, it))  # fmt: skip
+
+    def _finite_checks(
+        self, h: HalfStepPlan, pieces: list[Piece], owners: list[str], it: int
+    ) -> list[Future]:
+        """One tasks.check_finite per worker over the pieces it solved (see there)."""
+        checks = []
+        for worker in dict.fromkeys(owners):
+            mine = [(p[0], p[2]) for p, w in zip(pieces, owners, strict=True) if w == worker]
+            checks.append(self.submit(
+                tasks.check_finite, [lo for lo, _ in mine], self.backend,
+                *(fut for _, fut in mine), worker=worker,
+                key=f"finite-{h.label}-w{self.place.index(worker)}-it{it}",
+            ))  # fmt: skip
+        return checks
 
     def wait(self, factor: Factor, side: str, progress: Progress | None = None) -> Factor:
-        """Wait for a submitted half-step; `progress(stage, done, total)` as its batches
-        (or slices) finish."""
+        """Wait for a submitted half-step and its non-finite checks; `progress(stage, done,
+        total)` as its batches (or slices) finish."""
         stage = f"update {self.plan.half(side).label}"
         done = 0
 
@@ -244,6 +259,7 @@ class SUALSEngine:
                 progress(stage, done, len(factor.pieces))
 
         self.watch.wait([f for _, _, f in factor.pieces], on_done=report)
+        self.watch.wait(factor.checks)
         return factor
 
     def _warm(
@@ -308,7 +324,7 @@ class SUALSEngine:
                 x0 = self._warm(h, previous, lo + a, lo + b, target, tag)
                 fut = self.submit(
                     tasks.reduce_solve, self.counts(h, lo + a, lo + b, target), self.spec,
-                    h.f, self.backend, lo + a, gram0, x0, *inputs, key=f"reduce-solve-{tag}",
+                    h.f, self.backend, gram0, x0, *inputs, key=f"reduce-solve-{tag}",
                     worker=target,
                 )  # fmt: skip
                 pieces.append((lo + a, lo + b, fut))

@@ -36,6 +36,7 @@ class Factor:
     placed: dict[Any, Future] = field(default_factory=dict)  # gathered copies, by (rows, worker)
     version: str = field(default_factory=lambda: uuid.uuid4().hex[:6])  # unique in task keys
     owners: list[str] = field(default_factory=list)  # the worker of each piece
+    checks: list[Future] = field(default_factory=list)  # tasks.check_finite, one per owner
 
 
 class Placement:

@@ -85,17 +85,18 @@ class NonFiniteFactor(ArithmeticError):
         self.count, self.row = count, row
 
 
-def finite(piece: Any, row0: int, backend: str) -> Any:
-    """`piece` (rows row0, row0 + 1, ...) if every value is finite, else NonFiniteFactor.
+def check_finite(row0s: list[int], backend: str, *pieces: Any) -> None:
+    """Raise NonFiniteFactor if a piece (its first row in `row0s`) holds NaN or inf.
 
-    Checked in the task that solved the piece: no extra task or round trip per iteration.
+    One task per worker and half-step, after that worker's pieces: the solving tasks return
+    without waiting for the GPU, and this task's one device sync is the check's only cost.
     """
     xp = get_backend(backend).xp
-    good = xp.isfinite(piece)
-    if bool(good.all()):
-        return piece
-    bad_rows = ~good.all(axis=1)
-    raise NonFiniteFactor(int((~good).sum()), row0 + int(xp.argmax(bad_rows)))
+    good = [xp.isfinite(piece) for piece in pieces]
+    if not good or bool(xp.stack([g.all() for g in good]).all()):
+        return
+    row0, bad = next((r, ~g) for r, g in zip(row0s, good, strict=True) if not bool(g.all()))
+    raise NonFiniteFactor(int(bad.sum()), row0 + int(xp.argmax(bad.any(axis=1))))
 
 
 def update(
@@ -112,8 +113,7 @@ def update(
     gram0: the fixed factor's Gram (implicit); x0: the batch's previous rows (CG)."""
     be = get_backend(backend)
     with out_of_memory_as(_on(block), _SMALLER):
-        X = be.update(block, be.prepare_fixed(fixed), counts, spec, gram0=gram0, x0=x0)
-    return finite(X, block.row0, backend)
+        return be.update(block, be.prepare_fixed(fixed), counts, spec, gram0=gram0, x0=x0)
 
 
 def hermitian_slices(
@@ -160,17 +160,14 @@ def reduce_solve(
     spec: UpdateSpec,
     f: int,
     backend: str,
-    row0: int,
     gram0: Any,
     x0: Any,
     *partials: tuple[Any, Any],
 ) -> Any:
-    """Final reduction of one slice (its first row is row0), then the solve (G0 and the
-    regularization added here)."""
+    """Final reduction of one slice, then the solve (G0 and the regularization added here)."""
     be = get_backend(backend)
     A, B = sum_partials(*partials)
-    X = be.solve(be.unpack(A, f), B, counts, spec, gram0=gram0, x0=x0)
-    return finite(X, row0, backend)
+    return be.solve(be.unpack(A, f), B, counts, spec, gram0=gram0, x0=x0)
 
 
 def block_squared_error(block: Block, x_rows: Any, fixed: Any, backend: str) -> tuple[float, int]:

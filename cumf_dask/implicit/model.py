@@ -147,12 +147,12 @@ class ImplicitALS(ALS):
                 "use the explicit ALS for signed ratings"
             )
 
-    def _as_store(self, data: Any) -> tuple[RatingsStore, Any]:
+    def _as_store(self, data: Any, client: Any) -> tuple[RatingsStore, Any]:
         """Also a SciPy sparse user x item matrix, as implicit's ``fit(user_items)``."""
         if hasattr(data, "tocoo"):
             coo = data.tocoo()
             data = (coo.row, coo.col, coo.data, coo.shape)
-        return super()._as_store(data)
+        return super()._as_store(data, client)
 
     @classmethod
     def _init_from(cls, attrs: dict[str, Any]) -> dict[str, Any]:
