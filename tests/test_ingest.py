@@ -5,6 +5,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import os
+import time
 
 import fsspec
 import numpy as np
@@ -22,6 +23,7 @@ from cumf_dask.data.ingest import (
     ingest_file,
     ingest_scipy,
 )
+from cumf_dask.data.parallel import run_tasks
 from cumf_dask.data.store import RatingsStore
 from cumf_dask.errors import ConfigError, IngestError, StoreError
 from cumf_dask.pipeline import ingest_from_config
@@ -457,6 +459,22 @@ def test_existing_store_survives_bad_input(tmp_path):
         ingest_file(dup, url, overwrite=True)
     assert contents(RatingsStore.open(url)) == before
     assert not os.path.exists(f"{url}.partial")
+
+
+def _fail_late_or_early(k: int) -> int:
+    if k == 1:
+        time.sleep(0.3)
+        raise IngestError("band 1")
+    if k == 2:
+        raise IngestError("band 2")
+    return k
+
+
+def test_parallel_bands_raise_the_first_error_in_band_order():
+    """Bands are written on threads; the error named is the lowest band's, not the fastest."""
+    assert run_tasks(None, _fail_late_or_early, [(0,), (3,)], "bands", None) == [0, 3]
+    with pytest.raises(IngestError, match="band 1"):
+        run_tasks(None, _fail_late_or_early, [(0,), (1,), (2,)], "bands", None)
 
 
 def test_formats_are_described():

@@ -145,6 +145,11 @@ def test_duplicate_policies():
     assert sorted(last.tolist()) == [4.0, 5.0]
     _, _, mean = resolve_duplicates(r, c, v, seq, "mean")
     assert sorted(mean.tolist()) == [pytest.approx(7 / 3), 5.0]
+    rows, cols, last = resolve_duplicates(r, c, v, seq[::-1], "last")  # records out of order
+    assert (rows.tolist(), cols.tolist(), last.tolist()) == ([1, 2], [3, 0], [1.0, 5.0])
+    key = np.array([5, 5, 1, 5])  # a band's storage order puts (2, 0) first
+    rows, _, total = resolve_duplicates(r, c, v, seq, "sum", key=key)
+    assert (rows.tolist(), total.tolist()) == ([2, 1], [5.0, 7.0])
 
 
 def test_bad_input_leaves_nothing(tmp_path):

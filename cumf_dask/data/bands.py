@@ -72,6 +72,16 @@ def _geometry(attrs: dict[str, Any], kind: BandKind) -> tuple[int, int, int, int
     return attrs["tile_rows"], attrs["tile_cols"], attrs["m"], attrs["n"]
 
 
+def band_order_key(
+    major: np.ndarray, minor: np.ndarray, base: int, t_major: int, t_minor: int
+) -> np.ndarray:
+    """One int64 per entry of the band whose majors start at `base`, ordered as the band is
+    stored, (minor tile, major, minor), and equal exactly for equal (major, minor) pairs: one
+    sort of it replaces a three-key lexsort."""
+    minor = minor.astype(np.int64, copy=False)
+    return ((minor // t_minor) * t_major + (major - base)) * t_minor + minor % t_minor
+
+
 def write_band(
     url: str,
     kind: BandKind,
@@ -79,11 +89,11 @@ def write_band(
     major: np.ndarray,
     minor: np.ndarray,
     val: np.ndarray,
-    sorted_: bool = False,
 ) -> dict[str, float]:
     """Write one band from global (major, minor, val); returns its summary for finish_store.
 
-    Sorts by (minor tile, major, minor) unless `sorted_`. Also writes this band's slice of
+    The entries come in the band's storage order, (minor tile, major, minor) with distinct
+    pairs (sorted by :func:`band_order_key`). Also writes this band's slice of
     row_nnz (kind "row") or col_nnz (kind "col"): the slice is exactly one chunk of that array.
     """
     url = normalize_url(url)
@@ -94,9 +104,6 @@ def write_band(
     rows_here = min(t_major, n_major - base)
     local = (major - base).astype(np.int32)
     minor_tile = minor // t_minor
-    if not sorted_ and val.size:
-        order = np.lexsort((minor, local, minor_tile))
-        local, minor, val, minor_tile = local[order], minor[order], val[order], minor_tile[order]
     n_tiles = math.ceil(n_minor / t_minor)
     ptr = np.zeros(n_tiles + 1, np.int64)
     np.cumsum(np.bincount(minor_tile, minlength=n_tiles), out=ptr[1:])
@@ -146,11 +153,9 @@ def transpose_band(url: str, band: int) -> dict[str, float]:
     row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
     col = np.concatenate(cols) if cols else np.zeros(0, np.int64)
     val = np.concatenate(vals) if vals else np.zeros(0, np.float32)
-    # by_col band order: (row tile, col, row), sorted once on one combined int64 key
     t_cols = store.tile_cols
-    key = ((row // t_rows) * t_cols + (col - band * t_cols)) * t_rows + row % t_rows
-    order = np.argsort(key)
-    return write_band(url, "col", band, col[order], row[order], val[order], sorted_=True)
+    order = np.argsort(band_order_key(col, row, band * t_cols, t_cols, t_rows))
+    return write_band(url, "col", band, col[order], row[order], val[order])
 
 
 def finish_store(

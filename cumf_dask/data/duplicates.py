@@ -25,18 +25,24 @@ def resolve_duplicates(
     seq: np.ndarray,
     policy: DuplicatePolicy,
     describe: Callable[[int, int, int, int], str] | None = None,
+    key: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Collapse repeated (row, col) pairs: 'error' raises, 'last' keeps the latest, 'mean'
     averages, 'sum' adds them up (counts of implicit feedback: plays, clicks).
 
     `seq` orders the records (input line or record number); `describe(row, col, seq1, seq2)`
-    words the error for the user (original ids, file and lines).
+    words the error for the user (original ids, file and lines). The pairs come back sorted
+    by `key`, one int64 per pair, equal exactly for equal pairs (default: by row, then
+    column; a band writer passes its storage order and need not sort again).
     """
     if row.size < 2:
         return row, col, val
-    order = np.lexsort((seq, col, row))
-    row, col, val, seq = row[order], col[order], val[order], seq[order]
-    same = (row[1:] == row[:-1]) & (col[1:] == col[:-1])
+    if key is None:
+        key = row.astype(np.int64) * (int(col.max()) + 1) + col
+    order = _pair_order(key, seq)
+    if order is not None:
+        row, col, val, seq, key = row[order], col[order], val[order], seq[order], key[order]
+    same = key[1:] == key[:-1]
     if not same.any():
         return row, col, val
     if policy == "error":
@@ -60,3 +66,15 @@ def resolve_duplicates(
         return row[first], col[first], sums.astype(np.float32)
     counts = np.diff(np.concatenate((first, [row.size])))
     return row[first], col[first], (sums / counts).astype(np.float32)
+
+
+def _pair_order(key: np.ndarray, seq: np.ndarray) -> np.ndarray | None:
+    """The permutation that sorts by (key, seq); None when already so. One fast unstable
+    sort of the key when no pair repeats (the usual case), a two-key sort only when one does."""
+    if (key[1:] > key[:-1]).all():
+        return None
+    order = np.argsort(key)
+    ordered = key[order]
+    if (ordered[1:] != ordered[:-1]).all():
+        return order
+    return np.lexsort((seq, key))

@@ -38,6 +38,7 @@ input files, or records of in-memory input; total None when unknown), then with 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from os import PathLike
@@ -265,7 +266,9 @@ class _Axis:
         if (codes < 0).any():
             where = records.where(seq[np.argmax(codes < 0)])
             raise IngestError(f"{where}: the {self.noun} id is missing; fix or remove it")
-        known = np.fromiter((self._codes.get(u, -1) for u in uniques.tolist()), np.int64)
+        labels = uniques.tolist()
+        known = np.fromiter(map(self._codes.get, labels, itertools.repeat(-1)), np.int64,
+                            count=len(labels))  # fmt: skip
         new = known < 0
         known[new] = np.arange(len(self._codes), len(self._codes) + int(new.sum()))
         self._codes.update(zip(uniques[new].tolist(), known[new].tolist(), strict=True))

@@ -4,10 +4,12 @@
 for in-memory arrays (:func:`build_store`, used by ``ALS.fit`` on arrays). It validates each
 chunk, splits off the test share (:func:`~.hashing.split_mask`), spills it to per-band files
 on local disk, and at ``finalize`` resolves duplicates (:mod:`.duplicates`) and writes the
-bands one at a time with the band functions of :mod:`.bands`: memory stays bounded by one
-band, so inputs far larger than memory work. With ``split="users"`` the test share is taken
-per row at ``finalize`` instead (:func:`~.hashing.user_split_mask`: a share of each row's
-ratings, never all of them), where a band holds all of its rows' ratings.
+bands with the band functions of :mod:`.bands`, one band per thread (:mod:`.parallel`; one
+sort per band puts it in storage order and brings repeated pairs together): memory stays
+bounded by one band per thread, so inputs far larger than memory work. With
+``split="users"`` the test share is taken per row at ``finalize`` instead
+(:func:`~.hashing.user_split_mask`: a share of each row's ratings, never all of them), where
+a band holds all of its rows' ratings.
 
 A builder holds its target's writer lock from construction (before any input is read) to
 ``finalize``/``abort`` (:func:`~.target.claim`). Its spill folder
@@ -17,6 +19,7 @@ folders of owners that died (a killed ingest leaves them), never a live one's.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -33,9 +36,10 @@ from ..checks import MAX_RATING, check_choice, check_fraction, check_positive_in
 from ..errors import CumfWarning, IngestError
 from ..locks import owner_is_dead, owner_record, read_owner
 from ..paths import is_url, normalize_url
-from .bands import finish_store, init_store, transpose_band, write_band
+from .bands import band_order_key, finish_store, init_store, transpose_band, write_band
 from .duplicates import DUPLICATE_POLICIES, DuplicatePolicy, resolve_duplicates
 from .hashing import SPLITS, SplitKind, split_mask, user_split_mask
+from .parallel import run_tasks
 from .store import RatingsStore, default_tile
 from .target import check_target, claim, discard, publish, work_url
 
@@ -47,7 +51,7 @@ class StoreBuilder:
     """Build a store from COO chunks of any total size with bounded memory.
 
     ``add`` validates a chunk, splits off the test share, and appends it to per-band spill
-    files; ``finalize`` resolves duplicates and writes one band at a time. Row and column
+    files; ``finalize`` resolves duplicates and writes the bands, one per thread. Row and column
     counts (m, n) may grow while adding (ids mapped on the fly); rows per tile are then given
     or 65,536, and columns per tile are chosen from the final shape.
     """
@@ -186,38 +190,29 @@ class StoreBuilder:
             init_store(work, m, n, self.tile_rows, tile_cols, overwrite=local or self.overwrite)
             n_row_tiles = math.ceil(m / self.tile_rows)
             n_col_tiles = math.ceil(n / tile_cols)
-            summaries: dict[str, list[dict[str, float]]] = {"row": [], "test": [], "col": []}
             by_user = self.split == "users" and self.test_fraction > 0
             has_test = by_user or any(k == "test" for k, _ in self._bands)
-            steps = (2 if has_test else 1) * n_row_tiles + n_col_tiles
-            done = 0
-            for kind in ("row", "test") if has_test else ("row",):
-                for band in range(n_row_tiles):
-                    source_kind = "row" if by_user else kind
-                    if (source_kind, band) in self._bands:
-                        r, c, v, s = self._load(source_kind, band)
-                        r, c, v = resolve_duplicates(r, c, v, s, self.duplicates, describe)
-                        if by_user:
-                            test = user_split_mask(r, c, self.test_fraction, self.split_seed)
-                            keep = test if kind == "test" else ~test
-                            r, c, v = r[keep], c[keep], v[keep]
-                    else:
-                        r = c = np.zeros(0, np.int64)
-                        v = np.zeros(0, np.float32)
-                    summaries[kind].append(write_band(work, kind, band, r, c, v))
-                    done += 1
-                    if progress:
-                        progress("bands", done, steps)
-            for band in range(n_col_tiles):
-                summaries["col"].append(transpose_band(work, band))
-                done += 1
+            kinds = ("row", "test") if has_test else ("row",)
+            steps = len(kinds) * n_row_tiles + n_col_tiles
+
+            def report(_stage: str, done: int, _total: int, before: int = 0) -> None:
                 if progress:
-                    progress("bands", done, steps)
+                    progress("bands", before + done, steps)
+
+            row_jobs = [(work, kind, band, tile_cols, describe) for kind in kinds
+                        for band in range(n_row_tiles)]  # fmt: skip
+            written = run_tasks(None, self._write_row_band, row_jobs, "bands", report)
+            summaries = {kind: written[i * n_row_tiles : (i + 1) * n_row_tiles]
+                         for i, kind in enumerate(kinds)}  # fmt: skip
+            summaries["col"] = run_tasks(
+                None, transpose_band, [(work, b) for b in range(n_col_tiles)], "bands",
+                functools.partial(report, before=len(row_jobs)),
+            )  # fmt: skip
             finish_store(
                 work,
                 summaries["row"],
                 summaries["col"],
-                summaries["test"] or None,
+                summaries.get("test"),
                 source=source,
                 row_ids=row_ids,
                 col_ids=col_ids,
@@ -230,6 +225,30 @@ class StoreBuilder:
         finally:
             shutil.rmtree(self._spill, ignore_errors=True)
             self._lock.release()
+
+    def _write_row_band(
+        self,
+        work: str,
+        kind: str,
+        band: int,
+        tile_cols: int,
+        describe: Callable[[int, int, int, int], str] | None,
+    ) -> dict[str, float]:
+        """Write row (or test) band `band` from its spill files: duplicates resolved and the
+        band's storage order in one sort; with split="users" the test share taken here."""
+        by_user = self.split == "users" and self.test_fraction > 0
+        source_kind = "row" if by_user else kind
+        if (source_kind, band) not in self._bands:
+            empty = np.zeros(0, np.int64)
+            return write_band(work, kind, band, empty, empty, np.zeros(0, np.float32))
+        r, c, v, s = self._load(source_kind, band)
+        key = band_order_key(r, c, band * self.tile_rows, self.tile_rows, tile_cols)
+        r, c, v = resolve_duplicates(r, c, v, s, self.duplicates, describe, key=key)
+        if by_user:
+            test = user_split_mask(r, c, self.test_fraction, self.split_seed)
+            keep = test if kind == "test" else ~test
+            r, c, v = r[keep], c[keep], v[keep]
+        return write_band(work, kind, band, r, c, v)
 
     def abort(self) -> None:
         """Drop the spill files (the store itself was not created yet) and the lock."""

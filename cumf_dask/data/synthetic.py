@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Literal
 
-import dask
 import numpy as np
 
 from ..checks import check_choice, check_fraction, check_positive_int
@@ -29,11 +26,10 @@ from ..errors import ConfigError
 from ..paths import normalize_url
 from .bands import finish_store, init_store, transpose_band, write_band
 from .hashing import split_mask
+from .parallel import Progress, run_tasks
 from .planted import PlantedModel
 from .store import RatingsStore, default_tile
 from .target import check_target, claim, discard, publish, work_url
-
-Progress = Callable[[str, int, int], None]
 
 
 def generate(
@@ -98,9 +94,10 @@ def _build(
             (work, model, a, tile_rows, tile_cols, test_fraction, split_seed, use_gpu)
             for a in range(math.ceil(m / tile_rows))
         ]
-        rows = _run(client, _row_band, bands, "generate", progress)
-        cols = _run(client, transpose_band, [(work, b) for b in range(math.ceil(n / tile_cols))],
-                    "transpose", progress)  # fmt: skip
+        rows = run_tasks(client, _row_band, bands, "generate", progress)
+        cols = run_tasks(client, transpose_band,
+                         [(work, b) for b in range(math.ceil(n / tile_cols))], "transpose",
+                         progress)  # fmt: skip
         n_test = sum(r[1]["nnz"] for r in rows) if test_fraction > 0 else 0
         source = {
             "kind": "synthetic",
@@ -142,54 +139,9 @@ def _row_band(
     val, clean = model.ratings(row, col, use_gpu=use_gpu is True or (use_gpu and has_cuda()))
     test = split_mask(row, col, test_fraction, split_seed) & ~forced
     train = ~test
-    summary = write_band(url, "row", band, row[train], col[train], val[train], sorted_=True)
+    summary = write_band(url, "row", band, row[train], col[train], val[train])
     if test_fraction <= 0:
         return summary, {}, 0.0
-    test_summary = write_band(url, "test", band, row[test], col[test], val[test], sorted_=True)
+    test_summary = write_band(url, "test", band, row[test], col[test], val[test])
     err = val[test].astype(np.float64) - clean[test]
     return summary, test_summary, float(err @ err)
-
-
-def _run(
-    client: Any,
-    fn: Callable[..., Any],
-    tasks: Sequence[tuple[Any, ...]],
-    stage: str,
-    progress: Progress | None,
-) -> list[Any]:
-    """fn(*args) for every args in `tasks`, in parallel; results in task order.
-
-    On an error the tasks not started are cancelled; running threads are waited for (a
-    distributed worker's running task cannot be stopped and finishes on its own).
-    """
-    results: list[Any] = [None] * len(tasks)
-
-    def report(done: int) -> None:
-        if progress is not None:
-            progress(stage, done, len(tasks))
-
-    if client is None:
-        workers = dask.config.get("num_workers", None) or os.cpu_count() or 1
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(fn, *args): i for i, args in enumerate(tasks)}
-            try:
-                for done, future in enumerate(as_completed(futures), 1):
-                    results[futures[future]] = future.result()
-                    report(done)
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
-        return results
-    from distributed import as_completed as completed
-
-    futures = [client.submit(fn, *args, pure=False) for args in tasks]
-    index = {f.key: i for i, f in enumerate(futures)}
-    try:
-        for done, future in enumerate(completed(futures), 1):
-            results[index[future.key]] = future.result()
-            report(done)
-    except BaseException:
-        client.cancel(futures)
-        raise
-    return results

@@ -19,6 +19,7 @@ Waiting is otherwise what ``distributed.as_completed`` does (same wake-ups, no b
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -80,9 +81,29 @@ class Watch:
                 last = time.monotonic()
 
     def gather(self, futures: Sequence[Future]) -> list[Any]:
-        """wait(), then the results."""
+        """wait(), then the results. A worker lost while they are fetched raises WorkerLost
+        (its results are gone, and Dask would recompute them on a worker that no longer
+        exists: a plain gather would wait forever)."""
+        futures = list(futures)
         self.wait(futures)
-        return self.client.gather(list(futures))
+        values, lost = self.client.sync(self._fetch, futures)
+        if lost:
+            raise WorkerLost(lost, self._memory_evidence(lost), "fetching results")
+        return values
+
+    async def _fetch(self, futures: list[Future]) -> tuple[list[Any], list[str]]:
+        """(results, []) or ([], the placement workers gone while fetching), on the client's
+        event loop: the gather runs while the scheduler is asked about the workers."""
+        fetching = asyncio.ensure_future(self.client.gather(futures, asynchronous=True))
+        while True:
+            done, _ = await asyncio.wait({fetching}, timeout=POLL_S)
+            if done:
+                return fetching.result(), []
+            workers = (await self.client.scheduler.identity(n_workers=-1))["workers"]
+            lost = [w for w in self.workers if w not in workers]
+            if lost:
+                fetching.cancel()
+                return [], lost
 
     def compute(self, collections: Sequence[Any]) -> list[Any]:
         """Compute Dask collections on the cluster under this watch; their results."""
