@@ -92,3 +92,23 @@ def rel_err(a, b):
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def float32_cg_change(A, B, counts, spec, gram0=None, x0=None):
+    """Relative change of spec.cg_steps CG steps on the systems (G0 + A + reg I) x = B when
+    done in float32 instead of float64 (NumPy): the rounding a float32 CG cannot avoid."""
+    from cumf_dask.backend.objective import batched_cg, regularization, symmetric
+
+    rows = np.flatnonzero(np.asarray(counts) > 0)
+    M = symmetric(np, np.asarray(A[rows], np.float64))
+    if gram0 is not None:
+        M += gram0
+    diag = np.arange(M.shape[1])
+    M[:, diag, diag] += regularization(np, np.asarray(counts), spec)[rows][:, None]
+    b = np.asarray(B[rows], np.float64)
+    start = np.zeros(b.shape) if x0 is None else np.asarray(x0[rows], np.float64)
+    exact = batched_cg(np, M, b, start, spec.cg_steps)
+    single = batched_cg(np, M.astype(np.float32), b.astype(np.float32),
+                        start.astype(np.float32), spec.cg_steps)  # fmt: skip
+    return rel_err(single, exact)
+

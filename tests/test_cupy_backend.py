@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import random_ratings, rel_err
+from conftest import float32_cg_change, random_ratings, rel_err
 from reference import half_step
 
 from cumf_dask.blocks import Block, coo_to_block
@@ -231,21 +231,9 @@ def _tolerance(A, B, counts, spec, gram0=None, x0=None):
     """1e-4 against the NumPy backend (float64), except for CG: a few CG steps are sensitive
     to rounding and the GPU runs them in float32, so there the bound is 4x what float32
     arithmetic moves the same steps in NumPy (at f = 33..64 about 1e-4..4e-4)."""
-    from cumf_dask.backend.objective import batched_cg, regularization, symmetric
-
     if not spec.cg:
         return 1e-4
-    rows = np.flatnonzero(counts > 0)
-    M = symmetric(np, np.asarray(A[rows], np.float64))
-    if gram0 is not None:
-        M += gram0
-    diag = np.arange(M.shape[1])
-    M[:, diag, diag] += regularization(np, counts, spec)[rows][:, None]
-    start = np.zeros(B[rows].shape) if x0 is None else np.asarray(x0[rows], np.float64)
-    exact = batched_cg(np, M, np.asarray(B[rows], np.float64), start, spec.cg_steps)
-    single = batched_cg(np, M.astype(np.float32), B[rows].astype(np.float32),
-                        start.astype(np.float32), spec.cg_steps)  # fmt: skip
-    return max(1e-4, 4 * rel_err(single, exact))
+    return max(1e-4, 4 * float32_cg_change(A, B, counts, spec, gram0, x0))
 
 
 def _implicit(solver, **kw):
