@@ -209,3 +209,15 @@ def test_gpu_out_of_memory_mid_run_gives_a_plan_that_fits(clients, tmp_path):
         assert np.isfinite(model.fit(store, client=client).user_factors_).all()
     finally:
         cupy.get_default_memory_pool().set_limit(size=limit)
+
+
+def test_fetching_results_from_a_lost_worker_raises_instead_of_waiting(client2):
+    """Results whose worker is gone after they finished: WorkerLost within a poll or two,
+    not a gather that waits forever on keys Dask would recompute on a vanished address."""
+    slow = client2.submit(time.sleep, 3, pure=False)  # stands in for a result being fetched
+    gone = watch.Watch(client2, ["tcp://192.0.2.1:1"])  # a placement worker no longer there
+    started = time.perf_counter()
+    values, lost = client2.sync(gone._fetch, [slow])
+    assert (values, lost) == ([], ["tcp://192.0.2.1:1"])
+    assert time.perf_counter() - started < 2.5
+    client2.cancel(slow)
