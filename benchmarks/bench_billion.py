@@ -103,7 +103,7 @@ def main() -> None:
     its = model.metrics_
     steady = statistics.median(r["seconds"] for r in its[1:]) if len(its) > 1 else None
     plan = {h.label: [h.p, h.q] for h in (model.plan_.x, model.plan_.theta)}
-    print(f"plan: {plan}, R {'resident' if model.plan_.resident else 'streamed'}, "
+    print(f"plan: {plan}, blocks on the {model.plan_.blocks}, "
           f"transport {scheme}, link {model.plan_.link / 1e9:.1f} GB/s")  # fmt: skip
     print(f"{'it':>3}{'seconds':>9}{'X':>8}{'Theta':>8}{'train':>8}{'test':>8}")
     for r in its:

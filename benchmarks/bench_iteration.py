@@ -113,6 +113,8 @@ def main() -> None:
     parser.add_argument("--p", type=int)
     parser.add_argument("--q", type=int)
     parser.add_argument("--no-eval", action="store_true", help="skip per-iteration RMSE")
+    parser.add_argument("--blocks", default="auto", choices=["auto", "device", "host", "store"],
+                        help="where R's blocks live between half-steps (plan.blocks)")
     parser.add_argument("--data", default="/tmp/cumf-bench")
     parser.add_argument("--json", help="append the result record to this JSON-lines file")
     parser.add_argument(
@@ -144,7 +146,7 @@ def main() -> None:
             args.lam,
             args.iterations,
             backend=args.backend,
-            plan=PlanConfig(p=args.p, q=args.q),
+            plan=PlanConfig(p=args.p, q=args.q, blocks=args.blocks),
             evaluate=not args.no_eval,
         )
         t1 = time.perf_counter()
@@ -163,6 +165,7 @@ def main() -> None:
         "plan": {
             "x": [model.plan_.x.p, model.plan_.x.q],
             "theta": [model.plan_.theta.p, model.plan_.theta.q],
+            "blocks": model.plan_.blocks,
         },
         "median_seconds_per_iteration": statistics.median(steady),
         "median_x_seconds": statistics.median(
@@ -179,6 +182,7 @@ def main() -> None:
     print(
         f"shape: {store.m:,} x {store.n:,}, {store.nnz:,} ratings, f={args.factors}, "
         f"lambda={args.lam}, plan X p,q={record['plan']['x']} Theta p,q={record['plan']['theta']}"
+        f", blocks on the {model.plan_.blocks}"
     )
     print(f"{'it':>3}{'seconds':>10}{'X':>9}{'Theta':>9}{'train':>9}{'test':>9}")
     for r in model.metrics_:

@@ -30,6 +30,7 @@ from .errors import ConfigError
 Reduction = Literal["scatter", "two-phase", "one"]
 BackendName = Literal["auto", "numpy", "cupy"]
 Protocol = Literal["auto", "tcp", "ucx"]
+BlockTier = Literal["auto", "device", "host", "store"]
 
 
 @dataclass
@@ -126,7 +127,10 @@ class PlanConfig:
     x: HalfStepConfig = field(default_factory=HalfStepConfig)  # update-X overrides
     theta: HalfStepConfig = field(default_factory=HalfStepConfig)  # update-Theta overrides
     memory_budget: str | None = None  # per worker: "12GB", "0.8" (fraction), None: from workers
-    resident: bool | None = None  # keep R blocks on workers (None: if they fit)
+    # where the rating blocks live between half-steps: device (worker memory: GPU on GPU
+    # workers), host (pinned host memory of GPU workers, copied over per half-step), store
+    # (read again every half-step); auto: the first of these that fits
+    blocks: BlockTier = "auto"
     reduction: Reduction = "scatter"  # p > 1: reduce-scatter, two-phase, or one (baseline)
     groups: list[list[int]] | None = None  # worker groups for the two-phase reduction
     headroom: str = "10%"  # per-worker memory kept free (epsilon in the paper)
@@ -143,7 +147,7 @@ class ClusterConfig:
     # local CPU workers as processes (true), as threads of this process (false), or auto:
     # threads for problems up to engine.cluster.IN_PROCESS_MAX_NNZ ratings, else processes
     processes: bool | Literal["auto"] = "auto"
-    memory_limit: str | None = None  # per local CPU worker, e.g. "4GB"
+    memory_limit: str | None = None  # host memory per local worker (CPU or GPU), e.g. "4GB"
     devices: list[int] | None = None  # GPUs to use (CUDA_VISIBLE_DEVICES), None: all
     rmm_pool_size: str | None = None  # e.g. "20GB": RMM pool per GPU worker (needs rmm)
     protocol: Protocol = "auto"  # transport between local GPU workers; auto: UCX if it can

@@ -97,8 +97,9 @@ def nvml_groups(n_workers: int) -> list[list[int]] | None:
 
 
 def gpu_total_memory() -> int:
-    """Bytes of memory of the current CUDA device (run inside a GPU worker)."""
+    """Bytes of memory of the current CUDA device (run inside a GPU worker), as NVML counts
+    them: the figure a plan made without a CUDA context reads (CUDA's own total leaves out
+    the driver's reserve, about 0.5 GB on an H100)."""
     import cupy
 
-    _free, total = cupy.cuda.runtime.memGetInfo()
-    return int(total)
+    return gpu_memories()[cupy.cuda.Device().id]

@@ -16,6 +16,12 @@ from contextlib import contextmanager
 class CumfError(Exception):
     """Base class: a user-facing error with a message that says what to do."""
 
+    def __reduce__(self) -> tuple:
+        # Rebuilt from the message: Dask ships a task's error to the client pickled, and
+        # the default reduction cannot rebuild the classes that also derive from a
+        # built-in error (DeviceMemoryError's MemoryError, for tblib's unpickler).
+        return type(self), self.args
+
 
 class ConfigError(CumfError, ValueError):
     """A config key or an argument is missing, unknown, of the wrong type or out of range."""
@@ -60,7 +66,10 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 @contextmanager
 def out_of_memory_as(what: str, fix: str) -> Iterator[None]:
-    """Turn running out of memory while doing `what` into one DeviceMemoryError naming `fix`."""
+    """Turn running out of memory while doing `what` into one DeviceMemoryError naming `fix`.
+
+    The error carries no chain: Dask pickles a task's error with its __context__, and an
+    allocator's error need not unpickle (the client would get a bare Exception instead)."""
     try:
         yield
     except DeviceMemoryError:
@@ -68,4 +77,8 @@ def out_of_memory_as(what: str, fix: str) -> Iterator[None]:
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
-        raise DeviceMemoryError(f"a worker ran out of memory {what} ({exc}); {fix}") from None
+        error = DeviceMemoryError(f"a worker ran out of memory {what} ({exc}); {fix}")
+        try:
+            raise error from None
+        finally:
+            error.__context__ = None

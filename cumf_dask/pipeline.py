@@ -191,7 +191,7 @@ def job_plan(
         res = client_resources(client, config.cluster.backend)
     # the link's bandwidth is measured when a fit starts; the plan assumes the transport's
     plan = make_plan(m, n, nnz, f, res.workers, res.memory, *counts, config.plan, res.backend,
-                     transport=res.transport)  # fmt: skip
+                     transport=res.transport, host_memory=res.host_memory)  # fmt: skip
     return JobPlan(plan, store, total)
 
 

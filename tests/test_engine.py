@@ -12,6 +12,7 @@ import itertools
 import numpy as np
 import pytest
 from conftest import BACKENDS, random_ratings, rel_err
+from distributed.diagnostics.plugin import WorkerPlugin
 from reference import reference_als
 
 from cumf_dask.config import HalfStepConfig, PlanConfig
@@ -126,6 +127,48 @@ def test_every_reduction_matches_reference(stores, clients, reference, case, bac
     _check_reduction(stores, clients, reference, case, backend)
 
 
+class HeldBlocks(WorkerPlugin):
+    """A worker plugin: the most rating blocks ("load-" keys) a worker had read and not yet
+    computed on (Dask frees a block a moment later, when the scheduler says so)."""
+
+    name = "held-blocks"
+
+    def setup(self, worker):
+        self.worker = worker
+        self.now = self.most = 0
+        worker.held_blocks = self
+
+    def transition(self, key, start, finish, **kwargs):
+        if finish != "memory":
+            return
+        if str(key).startswith("load-"):
+            self.now += 1
+            self.most = max(self.most, self.now)
+        elif key in self.worker.state.tasks:
+            deps = self.worker.state.tasks[key].dependencies
+            self.now -= sum(str(d.key).startswith("load-") for d in deps)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("blocks", ["host", "store"])
+def test_block_tiers_match_reference(stores, clients, reference, blocks, backend):
+    """Blocks in (pinned) host memory, or read from the store by every half-step, give the
+    reference's factors; streamed blocks are read one ahead of the computation, so a worker
+    never holds more than two (here 6 batches and 2 parts per worker and half-step)."""
+    client = clients(1)
+    client.register_plugin(HeldBlocks())
+    try:
+        model = _fit(stores[SMALL], client, backend, p=2, q=6, blocks=blocks)
+        [most] = client.run(lambda dask_worker: dask_worker.held_blocks.most).values()
+    finally:
+        client.unregister_worker_plugin(HeldBlocks.name)
+    assert model.plan_.blocks == blocks
+    assert rel_err(model.user_factors_, reference[0]) < 1e-4
+    assert rel_err(model.item_factors_, reference[1]) < 1e-4
+    if blocks == "store":
+        assert 1 <= most <= 2
+
+
 def test_mixed_half_steps(stores, client2, reference):
     """Update X data-parallel and update Theta model-parallel in one run."""
     plan = PlanConfig(x=HalfStepConfig(p=2, q=3), theta=HalfStepConfig(p=1, q=2))
@@ -201,7 +244,7 @@ def test_rating_blocks_never_move_between_workers(stores, clients, reference, p)
     Hermitians cross between workers, never R."""
     client = clients(2)
     client.run(lambda dask_worker: dask_worker.transfer_incoming_log.clear())
-    model = _fit(stores[SMALL], client, p=p, q=2, resident=True)
+    model = _fit(stores[SMALL], client, p=p, q=2, blocks="device")
     assert rel_err(model.user_factors_, reference[0]) < 1e-4
     moved = [k for keys in client.run(_incoming_keys).values() for k in keys]
     assert any(k.startswith(("gather-", "slice-", "update-")) for k in moved)

@@ -199,9 +199,9 @@ def test_every_plan_matches_reference(stores, clients, references, case, backend
 def test_streamed_blocks(stores, client2, references):
     """R read from the store every half-step (not resident): the same factors."""
     model = ImplicitALS(F, LAM, ALPHA, ITERS, backend="numpy",
-                        plan=PlanConfig(p=2, q=2, resident=False))  # fmt: skip
+                        plan=PlanConfig(p=2, q=2, blocks="store"))  # fmt: skip
     model.fit(stores[SMALL], client=client2)
-    assert not model.plan_.resident
+    assert model.plan_.blocks == "store"
     assert rel_err(model.user_factors_, references["cg"][0]) < 1e-4
     assert rel_err(model.item_factors_, references["cg"][1]) < 1e-4
 

@@ -23,7 +23,7 @@ def _plan(m, n, nnz, f, workers, budget, **cfg):
 def test_netflix_on_one_big_worker_is_model_parallel():
     plan = _plan(480_189, 17_770, 99_000_000, 100, 1, 80 * GB)
     assert plan.x.p == 1 and plan.theta.p == 1
-    assert plan.resident
+    assert plan.blocks == "device"
 
 
 def test_huge_fixed_factor_needs_data_parallelism():
@@ -32,7 +32,7 @@ def test_huge_fixed_factor_needs_data_parallelism():
     assert plan.x.p == 1  # Theta is small
     assert plan.theta.p > 1  # X must be split (paper: n f / p ~ C / 2)
     assert plan.theta.peak < 12 * GB
-    assert not plan.resident
+    assert plan.blocks == "store"  # CPU workers: the host is the device
 
 
 def test_smallest_q_that_fits():
@@ -51,8 +51,24 @@ def test_forced_values_and_errors():
         _plan(100_000, 100_000, 10**7, 8192, 1, 10**8)  # one row of A is 268 MB
     with pytest.raises(ConfigError, match=r"plan\.groups"):
         _plan(1000, 500, 20_000, 8, 2, GB, groups=[[0], [0]])
-    with pytest.raises(PlanError, match="resident"):
-        _plan(1_000_000, 1000, 100_000_000, 10, 1, GB, resident=True)
+    with pytest.raises(PlanError, match=r"plan\.blocks is device .* set plan\.blocks to store"):
+        _plan(1_000_000, 1000, 100_000_000, 10, 1, GB, blocks="device")
+
+
+def _gpu_plan(host_gb, **cfg):
+    """Netflix on an 8 GB GPU worker: R (2.4 GB) fits only without the Hermitians' room."""
+    return make_plan(480_189, 17_770, 99_000_000, 100, 1, 8 * GB, None, None,
+                     PlanConfig(**cfg), "cupy", host_memory=int(host_gb * GB))  # fmt: skip
+
+
+def test_gpu_blocks_go_to_host_memory_then_to_the_store():
+    assert _gpu_plan(64).blocks == "device"
+    assert _gpu_plan(64, memory_budget="3GB").blocks == "host"  # half of 64 GB holds 2.4
+    assert _gpu_plan(4, memory_budget="3GB").blocks == "store"  # half of 4 GB does not
+    assert _gpu_plan(4, blocks="store").blocks == "store"
+    with pytest.raises(PlanError, match=r"plan\.blocks is host .* half of the 4\.00 GB host"):
+        _gpu_plan(4, memory_budget="3GB", blocks="host")
+    assert "pinned host memory" in _gpu_plan(64, memory_budget="3GB").table()
 
 
 def test_table_mentions_both_half_steps():

@@ -179,34 +179,57 @@ def test_gpu_worker_killed_on_a_local_cuda_cluster(data):
     assert rel_err(model.user_factors_, X) < 1e-3 and rel_err(model.item_factors_, T) < 1e-3
 
 
+class OutOfMemoryError(MemoryError):
+    """Like CuPy's: a constructor that its pickled args cannot call."""
+
+    def __init__(self, size, total, limit):
+        super().__init__(f"allocating {size} bytes ({total} so far, limit {limit})")
+
+
+def _allocate() -> None:
+    from cumf_dask.errors import out_of_memory_as
+
+    with out_of_memory_as("building a block", "plan smaller"):
+        raise OutOfMemoryError(12, 24, 32)
+
+
+def test_out_of_memory_in_a_task_reaches_the_client_as_device_memory_error(client2):
+    """Dask pickles a task's error to the client: it must arrive as DeviceMemoryError (what
+    fit() turns into a plan that fits), not as a bare Exception carrying its text."""
+    error = client2.submit(_allocate, pure=False).exception()
+    assert type(error) is DeviceMemoryError
+    assert "allocating 12 bytes" in str(error) and error.__context__ is None
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and cupy")
 def test_gpu_out_of_memory_mid_run_gives_a_plan_that_fits(clients, tmp_path):
     """A GPU allocation failing mid-run: DeviceMemoryError (CLI exit 4) whose suggested
-    memory budget then runs. A 48 MB limit on CuPy's pool stands in for a small GPU; the
-    forced plan (one batch, f = 128: X and B alone take 51 MB) believes it has 8 GB."""
+    memory budget then runs. A 32 MB limit on CuPy's pool stands in for a small GPU; the
+    forced plan (blocks on the GPU, one batch) believes it has 8 GB, but the blocks of both
+    orientations alone take 72 MB. The suggested plan keeps them in host memory."""
     import gc
 
     import cupy
 
     from cumf_dask.config import PlanConfig
 
-    rows, cols, vals = random_ratings(50_000, 500, 0.02, seed=3)
+    rows, cols, vals = random_ratings(50_000, 500, 0.12, seed=3)
     store = build_store(str(tmp_path / "big.zarr"), rows, cols, vals, shape=(50_000, 500))
     client = clients(1)  # in-process: the worker's pool is this process's
     limit = cupy.get_default_memory_pool().get_limit()
-    cupy.get_default_memory_pool().set_limit(size=48 << 20)
+    cupy.get_default_memory_pool().set_limit(size=32 << 20)
     try:
         fits = r"a worker ran out of memory .* a plan that fits [\d.]+MB per worker is .*--set "
+        forced = PlanConfig(memory_budget="8GB", q=1, blocks="device")
         with pytest.raises(DeviceMemoryError, match=fits + "plan.memory_budget=") as err:
-            ALS(128, 0.05, 2, backend="cupy", plan=PlanConfig(memory_budget="8GB", q=1)).fit(
-                store, client=client
-            )
+            ALS(8, 0.05, 2, backend="cupy", plan=forced).fit(store, client=client)
         budget = str(err.value).split("plan.memory_budget=")[1].split(" ")[0]
         del err  # its traceback holds the failed fit's device arrays
         gc.collect()
-        model = ALS(128, 0.05, 2, backend="cupy", plan=PlanConfig(memory_budget=budget))
+        model = ALS(8, 0.05, 2, backend="cupy", plan=PlanConfig(memory_budget=budget))
         assert np.isfinite(model.fit(store, client=client).user_factors_).all()
+        assert model.plan_.blocks == "host"
     finally:
         cupy.get_default_memory_pool().set_limit(size=limit)
 

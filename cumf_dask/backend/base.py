@@ -80,6 +80,11 @@ class Backend(ABC):
         this backend's memory."""
         return self.block_to_device(block_on_host(bands, threads))
 
+    def host_block(self, bands: Bands, threads: int = 1) -> Block:
+        """The CSR block of decoded bands in host memory (``plan.blocks: host``; on the
+        NumPy backend the host is the device)."""
+        return block_on_host(bands, threads)
+
     def block_to_device(self, block: Block) -> Block:
         return replace(
             block,

@@ -170,6 +170,8 @@ def _cuda_cluster(config: ClusterConfig) -> Any:
         kwargs["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, config.devices))
     elif config.n_workers:
         kwargs["n_workers"] = config.n_workers
+    if config.memory_limit:
+        kwargs["memory_limit"] = parse_size(config.memory_limit)
     if config.rmm_pool_size:
         kwargs["rmm_pool_size"] = config.rmm_pool_size
         kwargs["rmm_allocator_external_lib_list"] = ["cupy"]
@@ -216,12 +218,14 @@ def _dashboard(config: ClusterConfig) -> str:
 @dataclass(frozen=True)
 class Resources:
     """What the planner needs of the workers: backend, how many, the smallest one's memory
-    (GPU memory on GPU workers) and the transport between them."""
+    (GPU memory on GPU workers), the transport between them, and on GPU workers the
+    smallest host memory limit (room for host-tier blocks)."""
 
     backend: str
     workers: int
     memory: int
     transport: str
+    host_memory: int | None = None
 
 
 def local_resources(config: ClusterConfig, nnz: int | None = None) -> Resources:
@@ -240,27 +244,36 @@ def local_resources(config: ClusterConfig, nnz: int | None = None) -> Resources:
                 f"({len(sizes)} visible)"
             )
         return Resources(backend, len(ids), min(sizes[d] for d in ids),
-                         cuda_protocol(config.protocol, len(ids)))  # fmt: skip
+                         cuda_protocol(config.protocol, len(ids)),
+                         _host_limit(config, len(ids)))  # fmt: skip
+    workers = cpu_workers(config)
+    return Resources(backend, workers, _host_limit(config, workers),
+                     "inproc" if in_process(config, nnz) else "tcp")  # fmt: skip
+
+
+def _host_limit(config: ClusterConfig, workers: int) -> int:
+    """The memory limit each of `workers` local workers gets: cluster.memory_limit as a
+    Worker reads it (capped at the system's), else the system's memory shared by them
+    (LocalCluster's and LocalCUDACluster's default)."""
     from distributed.worker_memory import parse_memory_limit
 
-    workers = cpu_workers(config)
-    if config.memory_limit:  # as a Worker reads its memory_limit (capped at the system's)
+    if config.memory_limit:
         limit = parse_memory_limit(parse_size(config.memory_limit), config.threads_per_worker + 1,
                                    logger=_log)  # fmt: skip
-    else:  # LocalCluster's default: the system's memory shared by the workers
+    else:
         limit = parse_memory_limit("auto", 1, workers, logger=_log)
     if not limit:
         import psutil
 
         limit = int(psutil.virtual_memory().total / workers)
-    return Resources(backend, workers, int(limit), "inproc" if in_process(config, nnz) else "tcp")
+    return int(limit)
 
 
 def client_resources(client: Client, backend: str) -> Resources:
     """The Resources of a running cluster's workers (`backend` as the config names it)."""
     backend = backend_on(client, backend)
     return Resources(backend, len(worker_addresses(client)), worker_memory(client, backend),
-                     transport(client))  # fmt: skip
+                     transport(client), host_memory(client, backend))  # fmt: skip
 
 
 def worker_addresses(client: Client) -> list[str]:
@@ -281,6 +294,12 @@ def worker_memory(client: Client, backend: str) -> int:
 
         return int(psutil.virtual_memory().total / max(len(limits), 1))
     return min(limits)
+
+
+def host_memory(client: Client, backend: str) -> int | None:
+    """GPU workers: the smallest host memory limit (see worker_memory); None on CPU workers,
+    whose memory limit is already the plan's budget."""
+    return worker_memory(client, "numpy") if backend == "cupy" else None
 
 
 def measure_link(

@@ -56,6 +56,7 @@ from . import tasks
 from .cluster import (
     CumfWorkerSetup,
     has_compute_slots,
+    host_memory,
     measure_link,
     process_memory,
     read_threads,
@@ -65,7 +66,7 @@ from .cluster import (
 )
 from .halfstep import SUALSEngine
 from .placement import Factor
-from .plan import RATING_BYTES, Plan, make_plan
+from .plan import BLOCK_TIERS, RATING_BYTES, Plan, make_plan
 from .session import Session
 from .watch import Watch, WorkerLost, WorkersPaused
 
@@ -178,6 +179,7 @@ def fit(
         plan = make_plan(
             store.m, store.n, store.nnz, params.factors, len(workers), memory,
             store.counts("row"), store.counts("col"), plan_config, backend, link=link,
+            host_memory=host_memory(client, backend),
         )  # fmt: skip
         engine = SUALSEngine(
             client, store, plan, params.spec(), backend_spec(backend, params.precision),
@@ -403,7 +405,7 @@ def _out_of_memory(
         used = int(_dask_fraction("terminate", 0.95) * memory) - baseline
     plan = engine.plan
     estimate = max(plan.x.peak, plan.theta.peak)
-    if plan.resident:
+    if plan.blocks_in_worker_memory:
         estimate += int(2 * plan.x.nnz * RATING_BYTES / plan.workers)
     factor = max(used / max(estimate, 1), 1.0)
     budget = int(room / factor / 2) if room > 0 else 0
@@ -444,6 +446,7 @@ def suggest_plan(
             store.m, store.n, store.nnz, plan.x.f, plan.workers, budget, store.counts("row"),
             store.counts("col"), PlanConfig(memory_budget=str(budget), reduction=config.reduction,
             groups=config.groups, headroom=config.headroom), plan.backend,
+            host_memory=host_memory(engine.client, plan.backend),
         )  # fmt: skip
     except PlanError:
         return (
@@ -453,6 +456,7 @@ def suggest_plan(
     return (
         f"a plan that fits {mb} per worker is update X p={fits.x.p} q={fits.x.q}, update "
         f"Theta p={fits.theta.p} q={fits.theta.q}"
-        f"{'' if fits.resident else ', R streamed from the store'}: run again with --set "
+        f"{'' if fits.blocks == 'device' else ', R ' + BLOCK_TIERS[fits.blocks]}: run again "
+        "with --set "
         f"plan.memory_budget={mb} (Python: plan=PlanConfig(memory_budget='{mb}'))"
     )

@@ -19,15 +19,19 @@ solver warm-starts each row from its previous value: the rows of the previous it
 solved factor are gathered next to each update or reduce-solve task.
 
 Where each task runs is :mod:`.placement`'s decision. All q batches are submitted at once,
-so loading or computing batch j+1 overlaps batch j on every worker. Every wait goes through
-:class:`~.watch.Watch` (a lost or memory-paused worker raises instead of hanging), and
-:meth:`SUALSEngine.recover` re-places everything on the workers present after a loss.
+so loading or computing batch j+1 overlaps batch j on every worker. Blocks read from the
+store every half-step (``plan.blocks: store``, out of core) are read one block ahead of
+each worker's computation, no further (:class:`ReadAhead`), so a worker holds at most two.
+Every wait goes through :class:`~.watch.Watch` (a lost or memory-paused worker raises
+instead of hanging), and :meth:`SUALSEngine.recover` re-places everything on the workers
+present after a loss.
 """
 
 from __future__ import annotations
 
 import operator
 import uuid
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -41,6 +45,27 @@ from .placement import Factor, Piece, Pinned, Placement
 from .plan import HalfStepPlan, Plan, balanced_bounds
 from .reduce import final_inputs, slice_bounds
 from .watch import Watch
+
+
+class ReadAhead:
+    """Bounds the blocks a streamed plan holds: the read of a worker's next block waits for
+    the computation two before it on that worker (one block computing, one arriving). One
+    instance spans consecutive half-steps, which are submitted behind each other."""
+
+    def __init__(self, streamed: bool, name: str):
+        self.streamed = streamed
+        self.name = name  # in the reads' task keys: one block read for two uses is two reads
+        self._computed: dict[str, deque[Future]] = {}
+
+    def after(self, worker: str) -> Future | None:
+        """What the next read on `worker` waits for (None: nothing, or resident blocks)."""
+        done = self._computed.get(worker)
+        return done[0] if self.streamed and done is not None and len(done) == 2 else None
+
+    def computed(self, worker: str, fut: Future) -> None:
+        """`fut` computes on the block read last on `worker`."""
+        if self.streamed:
+            self._computed.setdefault(worker, deque(maxlen=2)).append(fut)
 
 
 class SUALSEngine:
@@ -68,6 +93,7 @@ class SUALSEngine:
         self.read_threads = read_threads or {}  # threads per worker for reading blocks
         self.watch = Watch(client, workers)
         self._resident: dict[Any, Future] = {}  # blocks and counts loaded once
+        self._ahead = ReadAhead(not plan.resident, "update")  # the half-steps' reads
 
     def recover(
         self, workers: list[str], compute_slots: bool, read_threads: dict[str, int]
@@ -81,6 +107,7 @@ class SUALSEngine:
         self.run = uuid.uuid4().hex[:8]
         self.submit = Pinned(self.client, self.run, compute_slots)
         self.watch = Watch(self.client, workers)
+        self._ahead = ReadAhead(not self.plan.resident, "update")
 
     # ------------------------------------------------------------------ inputs on workers
     def _cached(self, key: Any, make: Any) -> Future:
@@ -88,9 +115,18 @@ class SUALSEngine:
             self._resident[key] = make()
         return self._resident[key]
 
-    def block(self, h: HalfStepPlan, part: int, batch: int, it: int, split: str = "train"):
+    def block(
+        self,
+        h: HalfStepPlan,
+        part: int,
+        batch: int,
+        it: int,
+        split: str = "train",
+        ahead: ReadAhead | None = None,
+    ):
         """R^(ij) (or the held-out ratings of that block) on its worker; loaded once when
-        the plan keeps R resident, else every half-step."""
+        the plan keeps R resident (on the device or the host), else every half-step, as
+        `ahead` allows."""
         rows = (h.row_bounds[batch], h.row_bounds[batch + 1])
         cols = (h.col_bounds[part], h.col_bounds[part + 1])
         tag = f"load-{split}-{h.label}-batch{batch}-part{part}"
@@ -100,8 +136,10 @@ class SUALSEngine:
         def load() -> Future:
             return self.submit(
                 tasks.load_block, self.store, h.orient, split, rows, cols, self.backend,
-                self.read_threads.get(worker, 1), worker=worker, compute=False,
-                key=tag if self.plan.resident else f"{tag}-it{it}",
+                self.read_threads.get(worker, 1), self.plan.blocks == "host",
+                ahead.after(worker) if ahead is not None else None, worker=worker,
+                compute=False,
+                key=tag if self.plan.resident else f"{tag}-it{it}-{ahead.name if ahead else ''}",
             )  # fmt: skip
 
         return self._cached((split, h.side, part, batch), load) if self.plan.resident else load()
@@ -275,15 +313,18 @@ class SUALSEngine:
     ) -> tuple[list[Piece], list[str]]:
         pieces: list[Piece] = []
         owners = []
+        ahead = self._ahead
         for j in range(h.q):
             worker = self.place.block(h, 0, j)
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             x0 = self._warm(h, previous, lo, hi, worker, f"batch{j}-it{it}")
             fut = self.submit(
-                tasks.update, self.block(h, 0, j, it), self.fixed_on(h, fixed, 0, worker, it),
-                self.counts(h, lo, hi, worker), self.spec, self.backend, gram0, x0,
-                key=f"update-{h.label}-batch{j}-it{it}", worker=worker,
+                tasks.update, self.block(h, 0, j, it, ahead=ahead),
+                self.fixed_on(h, fixed, 0, worker, it), self.counts(h, lo, hi, worker),
+                self.spec, self.backend, gram0, x0, key=f"update-{h.label}-batch{j}-it{it}",
+                worker=worker,
             )  # fmt: skip
+            ahead.computed(worker, fut)
             pieces.append((lo, hi, fut))
             owners.append(worker)
         return pieces, owners
@@ -294,6 +335,7 @@ class SUALSEngine:
         pieces: list[Piece] = []
         owners = []
         reduction, workers = self.plan.reduction, self.place.workers
+        ahead = self._ahead
         for j in range(h.q):
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             slices = slice_bounds(hi - lo, h.p, reduction)
@@ -303,10 +345,15 @@ class SUALSEngine:
                 worker = self.place.block(h, i, j)
                 sources.append(self.place.index(worker))
                 herm = self.submit(
-                    tasks.hermitian_slices, self.block(h, i, j, it),
+                    tasks.hermitian_slices, self.block(h, i, j, it, ahead=ahead),
                     self.fixed_on(h, fixed, i, worker, it), slices, self.backend, self.spec,
                     key=f"hermitian-{h.label}-batch{j}-part{i}-it{it}", worker=worker,
                 )  # fmt: skip
+                if ahead.streamed:  # a small stand-in: the partials are not held longer
+                    ahead.computed(worker, self.submit(
+                        tasks.finished, herm, worker=worker, compute=False,
+                        key=f"hermitian-done-{h.label}-batch{j}-part{i}-it{it}",
+                    ))  # fmt: skip
                 for k in range(len(slices)):
                     partials[k].append(
                         self.submit(
@@ -341,6 +388,7 @@ class SUALSEngine:
         parts are placed once for all splits, and one gather waits for every error."""
         h = self.plan.x
         futures: dict[str, list[Future]] = {split: [] for split in splits}
+        ahead = ReadAhead(not self.plan.resident, "eval")
         for j in range(h.q):
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             for i in range(h.p):
@@ -348,13 +396,13 @@ class SUALSEngine:
                 x_rows = self.gather(X, lo, hi, worker, f"gather-X-batch{j}-eval")
                 fixed = self.fixed_on(h, Theta, i, worker, it)
                 for split in splits:
-                    futures[split].append(
-                        self.submit(
-                            tasks.block_squared_error, self.block(h, i, j, it, split), x_rows,
-                            fixed, self.backend, key=f"error-{split}-batch{j}-part{i}-it{it}",
-                            worker=worker,
-                        )
-                    )
+                    error = self.submit(
+                        tasks.block_squared_error, self.block(h, i, j, it, split, ahead),
+                        x_rows, fixed, self.backend, key=f"error-{split}-batch{j}-part{i}-it{it}",
+                        worker=worker,
+                    )  # fmt: skip
+                    ahead.computed(worker, error)
+                    futures[split].append(error)
         results = {split: self.watch.gather(parts) for split, parts in futures.items()}
         out = {}
         for split, parts in results.items():
@@ -370,18 +418,19 @@ class SUALSEngine:
         confidence of all pairs (implicit's ``calculate_loss``)."""
         h = self.plan.x
         blocks = []
+        ahead = ReadAhead(not self.plan.resident, "loss")
         for j in range(h.q):
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             for i in range(h.p):
                 worker = self.place.block(h, i, j)
                 x_rows = self.gather(X, lo, hi, worker, f"gather-X-batch{j}-loss")
-                blocks.append(
-                    self.submit(
-                        tasks.block_implicit_loss, self.block(h, i, j, it), x_rows,
-                        self.fixed_on(h, Theta, i, worker, it), self.spec, self.backend,
-                        key=f"loss-batch{j}-part{i}-it{it}", worker=worker,
-                    )
+                loss = self.submit(
+                    tasks.block_implicit_loss, self.block(h, i, j, it, ahead=ahead), x_rows,
+                    self.fixed_on(h, Theta, i, worker, it), self.spec, self.backend,
+                    key=f"loss-batch{j}-part{i}-it{it}", worker=worker,
                 )  # fmt: skip
+                ahead.computed(worker, loss)
+                blocks.append(loss)
         terms = []
         for factor, half in ((X, self.plan.x), (Theta, self.plan.theta)):
             futures = []
@@ -408,3 +457,4 @@ class SUALSEngine:
     def release(self) -> None:
         """Let go of the resident blocks and counts held on the workers."""
         self._resident.clear()
+        self._ahead = ReadAhead(not self.plan.resident, "update")

@@ -15,8 +15,11 @@ with three additions for Dask: q is at least the number of workers when p = 1 (e
 gets batches); on several workers each half-step may instead be data parallel over the
 batches the other half-step solved (p = its q, parts where they were solved), whichever the
 cost model (:mod:`.costs`: compute, bytes moved at the link's bandwidth, task overhead)
-predicts faster; and the rating blocks stay resident on the workers (loaded once) when both
-orientations fit next to the working set, else they stream from the store each half-step.
+predicts faster; and the rating blocks of both orientations are loaded once and kept in
+the workers' memory when they fit next to the working set (``device``), else on GPU workers
+in pinned host memory, copied to the GPU by each half-step (``host``: at most half of the
+worker's host memory limit, below Dask's spill threshold), else read from the store by each
+half-step (``store``, one block ahead of the computation).
 Partition boundaries balance ratings, not rows, so skewed data loads workers evenly.
 """
 
@@ -28,16 +31,22 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..config import PlanConfig, parse_size
+from ..config import BlockTier, PlanConfig, parse_size
 from ..devices import nvml_groups
 from ..errors import ConfigError, PlanError
 from .costs import ASSUMED_LINK, half_step_cost
 
 BYTES = 4  # float32
 RATING_BYTES = 12  # int32 index + float32 value + amortized indptr/row
+HOST_SHARE = 0.5  # of a GPU worker's host memory limit that host-tier blocks may take
 
 
 Side = Literal["x", "theta"]
+BLOCK_TIERS = {
+    "device": "resident on the workers",
+    "host": "in pinned host memory, copied to the GPUs each half-step",
+    "store": "streamed from the store",
+}
 
 
 @dataclass
@@ -77,13 +86,13 @@ class HalfStepPlan:
 
 @dataclass
 class Plan:
-    """Both half-steps, the workers they run on, and whether R stays resident."""
+    """Both half-steps, the workers they run on, and where the rating blocks live."""
 
     x: HalfStepPlan
     theta: HalfStepPlan
     workers: int
     budget: int  # bytes per worker the plan may use (before headroom)
-    resident: bool
+    blocks: BlockTier  # device, host or store (never auto: the planner has chosen)
     reduction: str
     groups: list[list[int]] | None
     backend: str
@@ -93,6 +102,16 @@ class Plan:
     def half(self, side: str) -> HalfStepPlan:
         return self.x if side == "x" else self.theta
 
+    @property
+    def resident(self) -> bool:
+        """The blocks are loaded once (device or host), not read every half-step."""
+        return self.blocks != "store"
+
+    @property
+    def blocks_in_worker_memory(self) -> bool:
+        """The blocks take the memory the budget is for (on CPU workers host is that too)."""
+        return self.blocks == "device" or (self.blocks == "host" and self.backend != "cupy")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -101,7 +120,7 @@ class Plan:
         gb = 1e9
         lines = [
             f"workers: {self.workers} ({self.backend}), budget {self.budget / gb:.2f} GB per "
-            f"worker, R {'resident on workers' if self.resident else 'streamed from the store'}, "
+            f"worker, R {BLOCK_TIERS[self.blocks]}, "
             f"reduction: {self.reduction if max(self.x.p, self.theta.p) > 1 else 'none (p = 1)'}",
             f"{'half-step':<14}{'p':>4}{'q':>6}{'rows/batch':>12}{'fixed/part':>12}"
             f"{'R/block':>12}{'A,B/batch':>12}{'peak GB':>9}{'moved MB':>10}{'predicted s':>12}",
@@ -259,6 +278,7 @@ def make_plan(
     *,
     link: float | None = None,
     transport: str = "tcp",
+    host_memory: int | None = None,
 ) -> Plan:
     """The plan for a whole iteration: update X (Theta fixed), then update Theta (X fixed).
 
@@ -268,6 +288,7 @@ def make_plan(
     its worker groups from ``config.groups``, else (GPU workers) from the NVML topology.
     `link` is the measured bandwidth between workers (bytes/s); without it the cost model
     assumes one for the `transport` ("tcp", "ucx", "inproc").
+    `host_memory` is the smallest GPU worker's host memory limit (the ``host`` tier's room).
     """
     config = config or PlanConfig()
     budget = memory
@@ -305,17 +326,8 @@ def make_plan(
             if alternative is not None:
                 candidates.append(alternative)
     x, theta = min(candidates, key=lambda c: c[0].predicted["seconds"] + c[1].predicted["seconds"])
-    resident_bytes = 2 * nnz * RATING_BYTES / workers
-    working = max(x.peak, theta.peak)
-    resident = config.resident
-    if resident is None:
-        resident = working + resident_bytes < usable
-    elif resident and working + resident_bytes >= usable:
-        raise PlanError(
-            f"plan.resident is true but R needs {resident_bytes / 1e9:.2f} GB per worker on top "
-            f"of {working / 1e9:.2f} GB of working memory (budget {usable / 1e9:.2f} GB); "
-            "set plan.resident: false to stream blocks from the store"
-        )
+    blocks = _block_tier(config.blocks, 2 * nnz * RATING_BYTES / workers,
+                         max(x.peak, theta.peak), usable, backend, host_memory)  # fmt: skip
     if groups is not None:
         flat = sorted(w for g in groups for w in g)
         if flat != list(range(workers)):
@@ -323,10 +335,39 @@ def make_plan(
                 f"plan.groups {groups} must name every worker 0..{workers - 1} exactly once"
             )
     return Plan(
-        x=x, theta=theta, workers=workers, budget=budget, resident=bool(resident),
+        x=x, theta=theta, workers=workers, budget=budget, blocks=blocks,
         reduction=config.reduction, groups=groups, backend=backend, link=link_bw,
         link_measured=link is not None,
     )  # fmt: skip
+
+
+def _block_tier(
+    wanted: BlockTier, size: float, working: int, usable: int, backend: str,
+    host_memory: int | None,
+) -> BlockTier:
+    """Where `size` bytes of blocks per worker live (see the module doc). On CPU workers the
+    host is the device: ``host`` there means the same memory as ``device``."""
+    host_room = None if backend != "cupy" else (host_memory or 0) * HOST_SHARE
+    fits = {
+        "device": working + size < usable,
+        "host": working + size < usable if host_room is None else size < host_room,
+        "store": True,
+    }
+    if wanted == "auto":
+        return next(tier for tier in ("device", "host", "store") if fits[tier])  # type: ignore[return-value]
+    if not fits[wanted]:
+        room = (
+            f"{working / 1e9:.2f} GB of working memory within {usable / 1e9:.2f} GB"
+            if wanted == "device" or host_room is None
+            else f"half of the {(host_memory or 0) / 1e9:.2f} GB host memory limit"
+        )
+        raise PlanError(
+            f"plan.blocks is {wanted} but R needs {size / 1e9:.2f} GB per worker next to "
+            f"{room}; set plan.blocks to "
+            + (" or ".join(t for t in ("host", "store") if t != wanted and fits[t]))
+            + " (or auto)"
+        )
+    return wanted
 
 
 def _price(h: HalfStepPlan, other: HalfStepPlan, workers: int, backend: str, link: float) -> None:

@@ -33,11 +33,16 @@ def load_block(
     cols: tuple[int, int],
     backend: str,
     threads: int = 1,
+    host: bool = False,
+    after: Any = None,
 ) -> Block:
     """R^(ij) from the store (its training or held-out ratings), read on `threads` threads,
-    made CSR where the backend computes (the GPU builds it on the device)."""
+    made CSR where the backend computes (the GPU builds it on the device), or with `host`
+    in the backend's host memory (pinned on a GPU: each use copies it over at full speed).
+    `after`: the task this read waits for (bounds a streamed plan's read-ahead); unused."""
     bands = read_bands(store, orient, rows, cols, split, threads)
-    return get_backend(backend).block_from_bands(bands, threads)
+    be = get_backend(backend)
+    return be.host_block(bands, threads) if host else be.block_from_bands(bands, threads)
 
 
 def prepare(f: int, backend: str, spec: UpdateSpec | None = None) -> None:
@@ -132,6 +137,11 @@ def hermitian_slices(
     return [(packed[a:b], B[a:b]) for a, b in slices]
 
 
+def finished(_: Any) -> None:
+    """Nothing: a small result that exists once its input does (a streamed read waits for
+    it instead of for the input, so the input is not held longer)."""
+
+
 def gram(piece: Any, backend: str) -> Any:
     """The Gram piece^T piece (f, f) of one piece of a factor."""
     return get_backend(backend).gram(piece)
@@ -183,6 +193,7 @@ def block_implicit_loss(
     be = get_backend(backend)
     if block.nnz == 0:
         return 0.0, 0.0
+    block = be.block_to_device(block)  # a host-tier block comes as host arrays
     rows = be.row_of(block)
     return be.implicit_terms(x_rows, fixed, rows, block.indices, block.values, spec)
 
