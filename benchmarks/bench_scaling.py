@@ -3,13 +3,16 @@
     python3 benchmarks/bench_scaling.py --preset netflix --nnz 99000000 --factors 100
     python3 benchmarks/bench_scaling.py --preset yahoomusic --factors 100 --lam 1.4 --gpus 1 2 4
     python3 benchmarks/bench_scaling.py ... --reductions     # forced p = W: scatter, two-phase, one
+    python3 benchmarks/bench_scaling.py ... --implicit cg    # implicit feedback (CG 3 steps)
 
 For each cluster (1 GPU; then each count of --gpus over TCP and over UCX/NVLink when
 distributed-ucxx is installed) a fresh LocalCUDACluster fits the same store with the same
 seed; prints the device, shape, f, the median seconds per iteration after the first (X and
 Theta half-steps), the planner's predicted seconds, the measured link bandwidth, the test
 RMSE, and the speed-up over one GPU (test RMSE must agree to 4 digits). --reductions adds
-runs with a forced data-parallel plan for each reduction strategy. Records go to --json.
+runs with a forced data-parallel plan for each reduction strategy. --implicit fits the
+implicit-feedback model (the ratings as counts, alpha 1) with that solver instead, and
+compares its training loss (4 digits) in place of the test RMSE. Records go to --json.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from bench_iteration import device_name, get_store
 
-from cumf_dask import ALS
+from cumf_dask import ALS, ImplicitALS
 from cumf_dask.compat import has_module
 from cumf_dask.config import ClusterConfig, PlanConfig
 from cumf_dask.engine.cluster import cluster_client, transport
@@ -35,7 +38,11 @@ def run(store, args, gpus: int, protocol: str, plan: PlanConfig) -> dict:
     t0 = time.perf_counter()
     with cluster_client(config) as client:
         started = time.perf_counter() - t0
-        model = ALS(args.factors, args.lam, args.iterations, backend="cupy", plan=plan)
+        if args.implicit:
+            model = ImplicitALS(args.factors, args.lam, 1.0, args.iterations, solver=args.implicit,
+                                backend="cupy", plan=plan)  # fmt: skip
+        else:
+            model = ALS(args.factors, args.lam, args.iterations, backend="cupy", plan=plan)
         t1 = time.perf_counter()
         model.fit(store, client=client)
         wall = time.perf_counter() - t1
@@ -54,7 +61,7 @@ def run(store, args, gpus: int, protocol: str, plan: PlanConfig) -> dict:
         "x_s": statistics.median(r["x_seconds"] for r in steady),
         "theta_s": statistics.median(r["theta_seconds"] for r in steady),
         "predicted_s": sum(h.predicted["seconds"] for h in (model.plan_.x, model.plan_.theta)),
-        "test_rmse": model.metrics_[-1]["test_rmse"],
+        "test_rmse": model.metrics_[-1]["loss" if args.implicit else "test_rmse"],
     }
 
 
@@ -71,6 +78,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--gpus", type=int, nargs="+", default=[2])
     parser.add_argument("--reductions", action="store_true")
+    parser.add_argument("--implicit", choices=["cg", "cholesky"],
+                        help="fit the implicit model with this solver")
     parser.add_argument("--data", default="/tmp/cumf-bench")
     parser.add_argument("--json", help="append the records to this JSON-lines file")
     args = parser.parse_args()
@@ -91,7 +100,7 @@ def main() -> None:
           f"lambda={args.lam}, {args.iterations} iterations (median of 2..)")  # fmt: skip
     head = (f"{'gpus':>4} {'transport':>9} {'reduction':>9} {'plan X,Theta':>16} {'link GB/s':>9} "
             f"{'it1 s':>6} {'s/it':>7} {'X s':>7} {'Theta s':>7} {'pred s':>7} {'speed-up':>8} "
-            f"{'test RMSE':>9}")  # fmt: skip
+            f"{'loss' if args.implicit else 'test RMSE':>9}")  # fmt: skip
     print(head)
     for r in runs:
         r["speedup"] = one["median_s"] / r["median_s"]
@@ -101,7 +110,7 @@ def main() -> None:
               f"{r['link_gb_s']:>9.1f} {r['iteration1_s']:>6.2f} {r['median_s']:>7.4f} "
               f"{r['x_s']:>7.4f} {r['theta_s']:>7.4f} {r['predicted_s']:>7.4f} "
               f"{r['speedup']:>7.2f}x {r['test_rmse']:>9.4f}"
-              + ("" if r["rmse_matches"] else "  RMSE DIFFERS"))  # fmt: skip
+              + ("" if r["rmse_matches"] else "  DIFFERS"))  # fmt: skip
     if args.json:
         record = {"date": time.strftime("%Y-%m-%d"), "device": device_name("cupy"),
                   "shape": [store.m, store.n], "nnz": store.nnz, "factors": args.factors,

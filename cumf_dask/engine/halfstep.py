@@ -166,11 +166,12 @@ class SUALSEngine:
         return fixed.placed[(lo, hi, worker)]
 
     def gather(self, factor: Factor, lo: int, hi: int, worker: str, name: str) -> Future:
-        """Rows [lo, hi) of a factor assembled on `worker` from its pieces."""
+        """Rows [lo, hi) of a factor assembled on `worker` from the pieces that hold them
+        (only those move: a batch's warm start or RMSE rows are mostly on its own worker)."""
         key = f"{name}-on-{self.place.index(worker)}-{factor.version}"
+        pieces = [p for p in factor.pieces if p[0] < hi and lo < p[1]]
         return self.submit(
-            tasks.assemble, lo, hi, self.backend, factor.pieces, key=key, worker=worker,
-            compute=False,
+            tasks.assemble, lo, hi, self.backend, pieces, key=key, worker=worker, compute=False,
         )  # fmt: skip
 
     def preload(self, held_out: bool) -> None:
