@@ -3,7 +3,8 @@
     python3 benchmarks/bench_billion.py --preset hugewiki --factors 100 --lam 0.05
     python3 benchmarks/bench_billion.py --preset sparkals --factors 10 --iterations 10
 
-Generation runs on a LocalCluster of one process per core (rating values on the GPUs), so
+Generation runs on a LocalCluster of one process per core (rating values on the CPU unless
+--gen-gpu), so
 it uses the whole machine; training on a LocalCUDACluster (one worker per GPU, UCX over
 NVLink when distributed-ucxx is installed). Prints the device, the shape, generation rate
 and disk use, the plan, time to the first iteration (cluster, loading, compiling), seconds

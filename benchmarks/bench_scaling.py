@@ -61,7 +61,8 @@ def run(store, args, gpus: int, protocol: str, plan: PlanConfig) -> dict:
         "x_s": statistics.median(r["x_seconds"] for r in steady),
         "theta_s": statistics.median(r["theta_seconds"] for r in steady),
         "predicted_s": sum(h.predicted["seconds"] for h in (model.plan_.x, model.plan_.theta)),
-        "test_rmse": model.metrics_[-1]["loss" if args.implicit else "test_rmse"],
+        "model": f"implicit-{args.implicit}" if args.implicit else "explicit",
+        "test_rmse": model.metrics_[-1]["loss" if args.implicit else "test_rmse"],  # or loss
     }
 
 

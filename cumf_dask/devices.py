@@ -2,7 +2,8 @@
 
 Creating a context in the client process before dask-cuda starts its workers is a known
 pitfall, so GPU questions go to NVML (nvidia-ml-py), never to cupy. Inside a worker (where a
-context is fine) :func:`gpu_total_memory` asks the current CUDA device.
+context is fine) :func:`gpu_total_memory` reads the current CUDA device's memory from NVML
+too (the same figure a plan made without a cluster uses), or from CUDA if NVML cannot.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def gpu_memories() -> list[int]:
             entry = visible[k] if k < len(visible) else ""
             if entry.isdigit():
                 handle = pynvml.nvmlDeviceGetHandleByIndex(int(entry))
-            elif entry.startswith("GPU-"):
+            elif entry.startswith(("GPU-", "MIG-")):
                 handle = pynvml.nvmlDeviceGetHandleByUUID(entry)
             else:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(k)
@@ -102,4 +103,7 @@ def gpu_total_memory() -> int:
     the driver's reserve, about 0.5 GB on an H100)."""
     import cupy
 
-    return gpu_memories()[cupy.cuda.Device().id]
+    try:
+        return gpu_memories()[cupy.cuda.Device().id]
+    except Exception:  # NVML unavailable or the device not found by it: CUDA's own count
+        return int(cupy.cuda.runtime.memGetInfo()[1])

@@ -66,8 +66,14 @@ def test_gpu_blocks_go_to_host_memory_then_to_the_store():
     assert _gpu_plan(64, memory_budget="3GB").blocks == "host"  # half of 64 GB holds 2.4
     assert _gpu_plan(4, memory_budget="3GB").blocks == "store"  # half of 4 GB does not
     assert _gpu_plan(4, blocks="store").blocks == "store"
-    with pytest.raises(PlanError, match=r"plan\.blocks is host .* half of the 4\.00 GB host"):
+    with pytest.raises(PlanError, match=r"plan\.blocks is host .* half of the host memory "
+                       r"limit \(4\.00 GB\) allows; set plan\.blocks to store"):
         _gpu_plan(4, memory_budget="3GB", blocks="host")
+    with pytest.raises(PlanError, match=r"plan\.blocks is host .* set plan\.blocks to device or"):
+        _gpu_plan(4, blocks="host")
+    with pytest.raises(ConfigError, match=r"plan\.blocks"):
+        _gpu_plan(4, blocks="gpu")
+    assert _plan(1000, 500, 20_000, 8, 2, GB, blocks="host").blocks == "device"  # CPU workers
     assert "pinned host memory" in _gpu_plan(64, memory_budget="3GB").table()
 
 

@@ -225,9 +225,11 @@ def test_gpu_out_of_memory_mid_run_gives_a_plan_that_fits(clients, tmp_path):
         with pytest.raises(DeviceMemoryError, match=fits + "plan.memory_budget=") as err:
             ALS(8, 0.05, 2, backend="cupy", plan=forced).fit(store, client=client)
         budget = str(err.value).split("plan.memory_budget=")[1].split(" ")[0]
+        assert "--set plan.blocks=host" in str(err.value)  # the forced tier must change too
         del err  # its traceback holds the failed fit's device arrays
         gc.collect()
-        model = ALS(8, 0.05, 2, backend="cupy", plan=PlanConfig(memory_budget=budget))
+        model = ALS(8, 0.05, 2, backend="cupy",
+                    plan=PlanConfig(memory_budget=budget, blocks="host"))  # fmt: skip
         assert np.isfinite(model.fit(store, client=client).user_factors_).all()
         assert model.plan_.blocks == "host"
     finally:

@@ -453,10 +453,13 @@ def suggest_plan(
             f"no plan fits {mb} per worker: give the workers more memory "
             "(cluster.memory_limit), use more workers, or fewer factors"
         )
+    # a forced tier the plan that fits does not use must be changed too
+    tier = config.blocks not in ("auto", fits.blocks)
     return (
         f"a plan that fits {mb} per worker is update X p={fits.x.p} q={fits.x.q}, update "
         f"Theta p={fits.theta.p} q={fits.theta.q}"
         f"{'' if fits.blocks == 'device' else ', R ' + BLOCK_TIERS[fits.blocks]}: run again "
-        "with --set "
-        f"plan.memory_budget={mb} (Python: plan=PlanConfig(memory_budget='{mb}'))"
+        f"with --set plan.memory_budget={mb}{f' --set plan.blocks={fits.blocks}' if tier else ''}"
+        f" (Python: plan=PlanConfig(memory_budget='{mb}'"
+        f"{f', blocks={fits.blocks!r}' if tier else ''}))"
     )

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..checks import check_choice
 from ..config import BlockTier, PlanConfig, parse_size
 from ..devices import nvml_groups
 from ..errors import ConfigError, PlanError
@@ -109,8 +110,8 @@ class Plan:
 
     @property
     def blocks_in_worker_memory(self) -> bool:
-        """The blocks take the memory the budget is for (on CPU workers host is that too)."""
-        return self.blocks == "device" or (self.blocks == "host" and self.backend != "cupy")
+        """The blocks take the memory the budget is for."""
+        return self.blocks == "device"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -346,26 +347,29 @@ def _block_tier(
     host_memory: int | None,
 ) -> BlockTier:
     """Where `size` bytes of blocks per worker live (see the module doc). On CPU workers the
-    host is the device: ``host`` there means the same memory as ``device``."""
-    host_room = None if backend != "cupy" else (host_memory or 0) * HOST_SHARE
+    host is the device, so ``host`` there is ``device``; a GPU plan without the workers'
+    host memory (`host_memory` None) never picks ``host`` by itself."""
+    check_choice("plan.blocks", wanted, ("auto", "device", "host", "store"))
+    if backend != "cupy" and wanted == "host":
+        wanted = "device"
+    host_room = (host_memory or 0) * HOST_SHARE
     fits = {
         "device": working + size < usable,
-        "host": working + size < usable if host_room is None else size < host_room,
+        "host": backend == "cupy" and size < host_room,
         "store": True,
     }
     if wanted == "auto":
         return next(tier for tier in ("device", "host", "store") if fits[tier])  # type: ignore[return-value]
     if not fits[wanted]:
         room = (
-            f"{working / 1e9:.2f} GB of working memory within {usable / 1e9:.2f} GB"
-            if wanted == "device" or host_room is None
-            else f"half of the {(host_memory or 0) / 1e9:.2f} GB host memory limit"
+            f"{usable / 1e9:.2f} GB per worker with {working / 1e9:.2f} GB of working memory"
+            if wanted == "device"
+            else f"half of the host memory limit ({(host_memory or 0) / 1e9:.2f} GB)"
         )
+        others = [t for t in ("device", "host", "store") if t != wanted and fits[t]]
         raise PlanError(
-            f"plan.blocks is {wanted} but R needs {size / 1e9:.2f} GB per worker next to "
-            f"{room}; set plan.blocks to "
-            + (" or ".join(t for t in ("host", "store") if t != wanted and fits[t]))
-            + " (or auto)"
+            f"plan.blocks is {wanted} but R needs {size / 1e9:.2f} GB per worker, more than "
+            f"{room} allows; set plan.blocks to {' or '.join(others)} (or auto)"
         )
     return wanted
 
