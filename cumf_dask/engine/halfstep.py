@@ -93,7 +93,7 @@ class SUALSEngine:
         self.read_threads = read_threads or {}  # threads per worker for reading blocks
         self.watch = Watch(client, workers)
         self._resident: dict[Any, Future] = {}  # blocks and counts loaded once
-        self._ahead = ReadAhead(not plan.resident, "update")  # the half-steps' reads
+        self._ahead = self._read_ahead("update")  # the half-steps' reads
 
     def recover(
         self, workers: list[str], compute_slots: bool, read_threads: dict[str, int]
@@ -107,9 +107,13 @@ class SUALSEngine:
         self.run = uuid.uuid4().hex[:8]
         self.submit = Pinned(self.client, self.run, compute_slots)
         self.watch = Watch(self.client, workers)
-        self._ahead = ReadAhead(not self.plan.resident, "update")
+        self._ahead = self._read_ahead("update")
 
     # ------------------------------------------------------------------ inputs on workers
+    def _read_ahead(self, name: str) -> ReadAhead:
+        """A read-ahead bound for one use of the blocks (bounds only streamed plans)."""
+        return ReadAhead(not self.plan.resident, name)
+
     def _cached(self, key: Any, make: Any) -> Future:
         if key not in self._resident:
             self._resident[key] = make()
@@ -389,7 +393,7 @@ class SUALSEngine:
         parts are placed once for all splits, and one gather waits for every error."""
         h = self.plan.x
         futures: dict[str, list[Future]] = {split: [] for split in splits}
-        ahead = ReadAhead(not self.plan.resident, "eval")
+        ahead = self._read_ahead("eval")
         for j in range(h.q):
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             for i in range(h.p):
@@ -419,7 +423,7 @@ class SUALSEngine:
         confidence of all pairs (implicit's ``calculate_loss``)."""
         h = self.plan.x
         blocks = []
-        ahead = ReadAhead(not self.plan.resident, "loss")
+        ahead = self._read_ahead("loss")
         for j in range(h.q):
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             for i in range(h.p):
@@ -458,4 +462,4 @@ class SUALSEngine:
     def release(self) -> None:
         """Let go of the resident blocks and counts held on the workers."""
         self._resident.clear()
-        self._ahead = ReadAhead(not self.plan.resident, "update")
+        self._ahead = self._read_ahead("update")
