@@ -3,13 +3,12 @@
     python3 benchmarks/bench_billion.py --preset hugewiki --factors 100 --lam 0.05
     python3 benchmarks/bench_billion.py --preset sparkals --factors 10 --iterations 10
 
-Generation runs on a LocalCluster of one process per core (rating values on the CPU unless
---gen-gpu), so
-it uses the whole machine; training on a LocalCUDACluster (one worker per GPU, UCX over
-NVLink when distributed-ucxx is installed). Prints the device, the shape, generation rate
-and disk use, the plan, time to the first iteration (cluster, loading, compiling), seconds
-per iteration (median after the first), test RMSE against the planted noise, and peak host
-and GPU memory per worker; appends a JSON record to --json.
+Generation runs on a LocalCluster of one process per core (pairs, rating values and split on
+the CPU unless --gen-gpu), so it uses the whole machine; training on a LocalCUDACluster (one
+worker per GPU, UCX over NVLink when distributed-ucxx is installed). Prints the device, the
+shape, generation rate and disk use, the plan, time to the first iteration (cluster, loading,
+compiling), seconds per iteration (median after the first), test RMSE against the planted
+noise, and peak host and GPU memory per worker; appends a JSON record to --json.
 """
 
 from __future__ import annotations
@@ -79,8 +78,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--solver", default=None, help="cholesky or cg (when available)")
     parser.add_argument("--gen-workers", type=int, default=None)
-    parser.add_argument("--gen-gpu", action="store_true", help="rating values on the GPUs "
-                        "(at rank 10 the CPU is faster: 8.5 vs 7.5M ratings/s on 16 cores)")
+    parser.add_argument("--gen-gpu", action="store_true", help="generation's pairs, rating "
+                        "values and split (and the transposition's sort) on the GPUs; the CPUs "
+                        "compress and write")  # fmt: skip
     parser.add_argument("--data", default="/tmp/cumf-bench")
     parser.add_argument("--keep", action="store_true", help="keep the store afterwards")
     parser.add_argument("--json")

@@ -3,7 +3,8 @@
     python benchmarks/bench_generate.py            # Netflix shape at scale 0.4, 2 workers
                                                    # (303,705 x 11,239, 39.6M ratings)
     python benchmarks/bench_generate.py --m 10000000 --n 1000000 --nnz 50000000
-    python benchmarks/bench_generate.py --gpu      # values on the GPU (needs cupy)
+    python benchmarks/bench_generate.py --gpu      # pairs, values, split and the transposition's
+                                                   # sort on the GPU (needs cupy)
 
 Workers are local Dask worker processes (one thread each); --workers 0 uses the thread pool
 of ``generate(client=None)``. Each repeat builds the store from scratch; the median is shown.
@@ -74,7 +75,9 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2, help="0: thread pool, no cluster")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gpu", action="store_true", help="compute rating values with cupy")
+    parser.add_argument("--gpu", action="store_true",
+                        help="compute pairs, rating values and split (and sort the transposition) "
+                        "with cupy; the CPU compresses and writes")  # fmt: skip
     parser.add_argument("--dir", default=None, help="where to write the store (default: /tmp)")
     args = parser.parse_args()
 

@@ -12,12 +12,22 @@ import zarr
 from conftest import HAS_CUDA
 from distributed import Client, LocalCluster
 
+from cumf_dask.compat import import_cupy
 from cumf_dask.config import GenerateConfig, load_config
 from cumf_dask.data import synthetic
-from cumf_dask.data.hashing import hash64, stream_key
+from cumf_dask.data.bands import to_host
+from cumf_dask.data.hashing import hash64, split_mask, stream_key
 from cumf_dask.data.planted import PlantedModel
 from cumf_dask.data.presets import PRESETS, resolve_shape, smallest_scale
-from cumf_dask.data.sampling import Permutation
+from cumf_dask.data.sampling import (
+    KeyCoder,
+    Permutation,
+    repeat_rows,
+    sorted_isin,
+    sorted_unique,
+    zipf_cdf,
+    zipf_cdf_inv,
+)
 from cumf_dask.data.store import RatingsStore
 from cumf_dask.data.synthetic import generate
 from cumf_dask.errors import ConfigError, StoreError
@@ -317,11 +327,76 @@ def test_progress(tmp_path):
     assert seen.index(rows[-1]) < seen.index(cols[0])
 
 
+@pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def xp(request):
+    return np if request.param == "numpy" else import_cupy()
+
+
+def test_sampling_helpers_match_numpy(xp):
+    """The array-module-generic primitives give NumPy's own results (CuPy's too)."""
+    rng = np.random.default_rng(3)
+    counts = np.r_[rng.integers(0, 5, 200), 0, 0]  # some empty rows, at the end too
+    row, pos = repeat_rows(xp, xp.asarray(counts))
+    expect = np.repeat(np.arange(counts.size), counts)
+    np.testing.assert_array_equal(to_host(row), expect)
+    np.testing.assert_array_equal(
+        to_host(pos), np.arange(expect.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    )
+    assert to_host(repeat_rows(xp, xp.zeros(3, xp.int64))[0]).size == 0
+    x, ref = rng.integers(0, 1000, 5000), np.unique(rng.integers(0, 1000, 300))
+    np.testing.assert_array_equal(to_host(sorted_unique(xp, xp.asarray(x))), np.unique(x))
+    np.testing.assert_array_equal(
+        to_host(sorted_isin(xp, xp.asarray(ref), xp.asarray(x))), np.isin(x, ref)
+    )
+    assert not to_host(sorted_isin(xp, xp.zeros(0, xp.int64), xp.asarray(x))).any()
+    perm = Permutation(1000, stream_key(7, 1))
+    np.testing.assert_array_equal(to_host(perm(xp.asarray(x % 1000))), perm(x % 1000))
+    np.testing.assert_array_equal(to_host(perm.inverse(perm(xp.arange(1000)))), np.arange(1000))
+    coder = KeyCoder(300, 64)
+    local, col = x % 300, x * 7
+    keys = coder.encode(xp.asarray(local), xp.asarray(col))
+    np.testing.assert_array_equal(to_host(keys), coder.encode(local, col))
+    np.testing.assert_array_equal(to_host(coder.decode(keys)[1]), col)
+    ranks = np.linspace(0, 1e5, 101)
+    back = zipf_cdf_inv(xp, zipf_cdf(xp, xp.asarray(ranks), 0.8), 0.8)
+    np.testing.assert_allclose(to_host(back), ranks, rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(
+        to_host(split_mask(xp.asarray(x), xp.asarray(x * 3), 0.3, 5)), split_mask(x, x * 3, 0.3, 5)
+    )
+
+
 @pytest.mark.gpu
-def test_gpu_values_match_cpu(tmp_path):
-    cpu = generate(tmp_path / "cpu.zarr", SMALL, use_gpu=False, **TILES)
-    gpu = generate(tmp_path / "gpu.zarr", SMALL, use_gpu=True, **TILES)
-    a, b = triples(cpu), triples(gpu)
-    assert a.keys() == b.keys()
-    keys = sorted(a)
-    np.testing.assert_allclose([a[k] for k in keys], [b[k] for k in keys], rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize(
+    "model, tile_rows, tile_cols",
+    [
+        (SMALL, 256, 64),  # dense rows: the exponential race
+        (PlantedModel(m=400, n=60, nnz=16_000, seed=3), 64, 16),  # mostly the race
+        (PlantedModel(m=300, n=5000, nnz=200_000, seed=5), 64, 512),  # ~17 forced pairs a row
+        (PlantedModel(m=1000, n=1000, nnz=5000, skew=2.0, nonempty=False), 128, 100),
+    ],
+    ids=["small", "race", "forced", "no-forced"],
+)
+def test_gpu_band_pairs_match_cpu(model, tile_rows, tile_cols):
+    cupy = import_cupy()
+    for r0 in range(0, model.m, tile_rows):
+        r1 = min(model.m, r0 + tile_rows)
+        cpu = model.band_pairs(r0, r1, tile_cols)
+        gpu = model.band_pairs(r0, r1, tile_cols, cupy)
+        for name, a, b in zip(("row", "col", "forced"), cpu, gpu, strict=True):
+            np.testing.assert_array_equal(b.get(), a, err_msg=f"{name}, rows {r0}:{r1}")
+
+
+@pytest.mark.gpu
+def test_gpu_store_matches_cpu(tmp_path):
+    """A store generated on the GPU has the CPU store's pairs, split and order exactly (both
+    orientations) and its values to float32 rounding."""
+    generate(tmp_path / "cpu.zarr", SMALL, use_gpu=False, **TILES)
+    generate(tmp_path / "gpu.zarr", SMALL, use_gpu=True, **TILES)
+    cpu, gpu = snapshot(tmp_path / "cpu.zarr"), snapshot(tmp_path / "gpu.zarr")
+    assert cpu.keys() == gpu.keys()
+    for key in cpu.keys() - {"attrs"}:
+        if key.endswith("/val"):
+            np.testing.assert_allclose(gpu[key], cpu[key], rtol=1e-5, atol=1e-5, err_msg=key)
+        else:
+            np.testing.assert_array_equal(gpu[key], cpu[key], err_msg=key)
+    assert gpu["attrs"]["stats"] == pytest.approx(cpu["attrs"]["stats"], rel=1e-5)

@@ -4,7 +4,9 @@ Dask tasks call them directly (the synthetic generator writes every row band fro
 task, then every column band), and the spilling builder (:mod:`.spill`) calls them in a loop.
 They are module-level and pure so tasks pickle small and read well in the dashboard. Every
 Zarr chunk belongs to one band and every band is written by one call, so no chunk is ever
-written by two tasks; :func:`finish_store` marks the store complete, last.
+written by two tasks; :func:`finish_store` marks the store complete, last. Writing is
+NumPy's; a task that computes with CuPy (:func:`band_module`) hands its results over
+:func:`to_host`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any, Literal
 import numpy as np
 import zarr
 
+from ..compat import import_cupy
+from ..devices import has_cuda
 from ..errors import IngestError, StoreError
 from ..paths import is_url, normalize_url
 from .store import (
@@ -33,6 +37,17 @@ from .store import (
 from .target import check_target
 
 BandKind = Literal["row", "col", "test"]
+
+
+def band_module(use_gpu: bool | Literal["auto"]) -> Any:
+    """The array module a band task computes with: CuPy when `use_gpu` is True, or "auto"
+    and this process sees a GPU; else NumPy."""
+    return import_cupy() if use_gpu is True or (use_gpu and has_cuda()) else np
+
+
+def to_host(x: Any) -> np.ndarray:
+    """`x` as a NumPy array: copied from the GPU when it is a CuPy array."""
+    return x if isinstance(x, np.ndarray) else x.get()
 
 
 def init_store(
@@ -139,8 +154,14 @@ def write_band(
     }
 
 
-def transpose_band(url: str, band: int) -> dict[str, float]:
-    """Build column band `band` from the row bands: tile (a, band) of every row band a."""
+def transpose_band(
+    url: str, band: int, use_gpu: bool | Literal["auto"] = False
+) -> dict[str, float]:
+    """Build column band `band` from the row bands: tile (a, band) of every row band a.
+
+    `use_gpu` (see :func:`band_module`) sorts the band on the GPU; the keys are distinct,
+    so the order is the same either way.
+    """
     url = normalize_url(url)
     store = RatingsStore(url, dict(zarr.open_group(url, mode="r").attrs))
     t_rows = store.tile_rows
@@ -154,7 +175,9 @@ def transpose_band(url: str, band: int) -> dict[str, float]:
     col = np.concatenate(cols) if cols else np.zeros(0, np.int64)
     val = np.concatenate(vals) if vals else np.zeros(0, np.float32)
     t_cols = store.tile_cols
-    order = np.argsort(band_order_key(col, row, band * t_cols, t_cols, t_rows))
+    key = band_order_key(col, row, band * t_cols, t_cols, t_rows)
+    xp = band_module(use_gpu)
+    order = to_host(xp.argsort(xp.asarray(key)))
     return write_band(url, "col", band, col[order], row[order], val[order])
 
 

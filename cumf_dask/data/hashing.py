@@ -5,12 +5,14 @@ One implementation of the splitmix64 finalizer serves both users: the planted mo
 :func:`split_mask` hashes (row, column, seed) into the train/test split of every builder, and
 :func:`user_split_mask` into the split by user (a share of each row held out, never all).
 Array functions take the array module `xp` (NumPy or CuPy), so the generator can compute
-rating values on a GPU with the same hashes.
+its pairs, values and split on a GPU with the same hashes; :func:`split_mask`, which every
+builder calls with its arrays alone, computes where they live (:func:`array_module`).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -33,6 +35,13 @@ def splitmix(x: int) -> int:
 def stream_key(seed: int, stream: int) -> int:
     """The key of one independent hash stream of a seed."""
     return splitmix(splitmix(seed & _M64) ^ stream)
+
+
+def array_module(x: Any) -> Any:
+    """CuPy for a CuPy array, else NumPy: the module that computes where `x` lives. Never
+    imports CuPy (an array of it means it is imported already)."""
+    cupy = sys.modules.get("cupy")
+    return np if cupy is None else cupy.get_array_module(x)
 
 
 def mix(xp: Any, z: Any) -> Any:
@@ -63,21 +72,22 @@ def normal_pairs(xp: Any, z: Any) -> tuple[Any, Any]:
     return r * xp.cos(u2), r * xp.sin(u2)
 
 
-def split_mask(row: np.ndarray, col: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+def split_mask(row: Any, col: Any, fraction: float, seed: int) -> Any:
     """True for ratings held out for testing: a hash of (row, col, seed) below `fraction`.
 
     Depends only on the (dense) pair and the seed, not on chunking, so the same input splits
     the same way however it is read; repeated pairs fall on the same side. With mapped ids
     the dense indices follow the order ids first appear, so reordering the input can move
-    pairs between sides.
+    pairs between sides. NumPy or CuPy arrays (integer arithmetic: the same mask on both).
     """
+    xp = array_module(row)
     if fraction <= 0:
-        return np.zeros(row.shape, bool)
+        return xp.zeros(row.shape, bool)
     with np.errstate(over="ignore"):
-        z = row.astype(np.uint64) * np.uint64(GOLDEN)
-        z ^= col.astype(np.uint64) + np.uint64(_SPLIT_OFFSET) + np.uint64(seed & (2**63 - 1))
-        z = mix(np, z)
-    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53) < fraction
+        z = row.astype(xp.uint64) * xp.uint64(GOLDEN)
+        z ^= col.astype(xp.uint64) + xp.uint64(_SPLIT_OFFSET) + xp.uint64(seed & (2**63 - 1))
+        z = mix(xp, z)
+    return (z >> xp.uint64(11)).astype(xp.float64) * (1.0 / 2**53) < fraction
 
 
 def user_split_mask(row: np.ndarray, col: np.ndarray, fraction: float, seed: int) -> np.ndarray:

@@ -25,9 +25,15 @@ Everything is a pure function of the generator settings, computed by counter-bas
 The hashes are in :mod:`.hashing`, the permutations, Zipf law and pair keys in
 :mod:`.sampling`, the preset shapes in :mod:`.presets`; this module holds the model itself.
 
-GPU: the rating values (factors, dot products, noise) can be computed with CuPy; which pairs
-exist is always computed on the CPU. The GPU's values match the CPU's to float32 rounding,
-not bit for bit; each is deterministic.
+GPU: the pairs (:meth:`PlantedModel.band_pairs`) and the rating values (factors, dot
+products, noise) can be computed with CuPy. The row degrees are computed on the CPU either
+way (in float64, then copied over), so every row has exactly the same number of ratings and
+they still sum to nnz. The columns a row draws go through floating point (the inverse Zipf
+law, the race's logarithms), and CuPy's expm1/log1p/log need not round as NumPy's do: where
+a draw lands within rounding of a rank boundary, or two race entries within rounding of
+each other, the GPU can pick a different column than the CPU. That is rare (the tests
+compare small models exactly), and each path is deterministic. The GPU's values match the
+CPU's to float32 rounding, not bit for bit.
 """
 
 from __future__ import annotations
@@ -40,11 +46,19 @@ from typing import Any
 import numpy as np
 
 from ..checks import check_number, check_positive_int
-from ..compat import import_cupy
 from ..errors import ConfigError
 from .hashing import hash64, normal_pairs, stream_key, unit
 from .presets import resolve_shape
-from .sampling import KeyCoder, Permutation, sorted_isin, sorted_unique, zipf_cdf, zipf_cdf_inv
+from .sampling import (
+    Array,
+    KeyCoder,
+    Permutation,
+    repeat_rows,
+    sorted_isin,
+    sorted_unique,
+    zipf_cdf,
+    zipf_cdf_inv,
+)
 
 #: fields that say how the shape was chosen, not what the model is
 _PROVENANCE = ("preset", "scale")
@@ -196,7 +210,7 @@ class PlantedModel:
             if h >= m:
                 return True
             rest = extras - self._sum_capacity(h)
-            phi = zipf_cdf(np.array([h, h + 1, m], np.float64), s)
+            phi = zipf_cdf(np, np.array([h, h + 1, m], np.float64), s)
             cap = self.n - q - (1 if h < rem else 0)
             return rest * (phi[1] - phi[0]) <= (cap - 1) * (phi[2] - phi[0])
 
@@ -207,7 +221,7 @@ class PlantedModel:
                 hi = mid
             else:
                 lo = mid + 1
-        phi_h, phi_m = zipf_cdf(np.array([lo, m], np.float64), s)
+        phi_h, phi_m = zipf_cdf(np, np.array([lo, m], np.float64), s)
         return lo, extras - self._sum_capacity(lo), float(phi_h), float(phi_m - phi_h)
 
     def _extras(self, rank: np.ndarray) -> np.ndarray:
@@ -220,7 +234,7 @@ class PlantedModel:
         r = np.maximum(rank, h).astype(np.float64)
 
         def cum(x: np.ndarray) -> np.ndarray:
-            return np.rint(rest * ((zipf_cdf(x, self.skew) - phi_h) / width))
+            return np.rint(rest * ((zipf_cdf(np, x, self.skew) - phi_h) / width))
 
         mid = (cum(r + 1) - cum(r)).astype(np.int64)
         return np.where(rank < h, cap, np.clip(mid, 0, cap))
@@ -232,41 +246,44 @@ class PlantedModel:
 
     # ------------------------------------------------------------------ pairs
     def band_pairs(
-        self, r0: int, r1: int, tile_cols: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(row, col, forced) of rows [r0, r1), sorted by (column tile, row, column)."""
+        self, r0: int, r1: int, tile_cols: int, xp: Any = np
+    ) -> tuple[Array, Array, Array]:
+        """(row, col, forced) of rows [r0, r1), sorted by (column tile, row, column), computed
+        with `xp` (NumPy, or CuPy on the GPU) and returned as its arrays. The degrees are
+        computed on the CPU either way and copied over (see the module's GPU note)."""
         coder = KeyCoder(r1 - r0, tile_cols)
         rows = np.arange(r0, r1, dtype=np.int64)
         rank = self._row_perm(rows)
         f = self._forced_count(rank)
         need = self._extras(rank)
-        local = np.repeat(np.arange(rows.size), f)
-        j = np.arange(local.size) - np.repeat(np.cumsum(f) - f, f)
+        rows, rank, f, need = (xp.asarray(a) for a in (rows, rank, f, need))
+        local, j = repeat_rows(xp, f)
         k = rank[local] + j * self.m
-        forced_keys = np.sort(coder.encode(local, self._forced_perm(k % self.n)))
+        forced_keys = xp.sort(coder.encode(local, self._forced_perm(k % self.n)))
 
         cap = self.n - f
         dense = (need > 0) & (need >= _DENSE_SHARE * cap)
         pieces = [forced_keys]
-        sparse_keys, switch = self._draw_sparse(rows, need * ~dense, cap, forced_keys, coder)
+        sparse_keys, switch = self._draw_sparse(xp, rows, need * ~dense, cap, forced_keys, coder)
         pieces.append(sparse_keys)
-        dense_rows = np.flatnonzero(dense | (switch > 0))
+        dense_rows = xp.flatnonzero(dense | (switch > 0))
         if dense_rows.size:
-            remaining = np.where(dense, need, switch)[dense_rows]
-            taken = np.sort(np.concatenate(pieces))
-            pieces.append(self._draw_race(rows, dense_rows, remaining, taken, coder))
-        keys = np.sort(np.concatenate(pieces), kind="stable")
+            remaining = xp.where(dense, need, switch)[dense_rows]
+            taken = xp.sort(xp.concatenate(pieces))
+            pieces.append(self._draw_race(xp, rows, dense_rows, remaining, taken, coder))
+        keys = xp.sort(xp.concatenate(pieces), kind="stable")
         local, col = coder.decode(keys)
-        return local + r0, col, sorted_isin(forced_keys, keys)
+        return local + r0, col, sorted_isin(xp, forced_keys, keys)
 
     def _draw_sparse(
         self,
-        rows: np.ndarray,
-        need: np.ndarray,
-        cap: np.ndarray,
-        forced_keys: np.ndarray,
+        xp: Any,
+        rows: Array,
+        need: Array,
+        cap: Array,
+        forced_keys: Array,
         coder: KeyCoder,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[Array, Array]:
         """The first `need` distinct unforced columns of each row's draws j = 0, 1, 2, ...
 
         Each round draws exactly what a row still needs, so it never overshoots and the
@@ -274,26 +291,27 @@ class PlantedModel:
         row, how many ratings are still missing where further draws would cost more than
         the race over all columns (those rows are finished by :meth:`_draw_race`).
         """
-        key = np.uint64(stream_key(self.seed, _DRAW))
-        phi_n = float(zipf_cdf(np.float64(self.n), self.skew))
+        key = xp.uint64(stream_key(self.seed, _DRAW))
+        phi_n = float(zipf_cdf(np, np.float64(self.n), self.skew))
         need = need.copy()
-        drawn = np.zeros(rows.size, np.int64)
-        switch = np.zeros(rows.size, np.int64)
+        drawn = xp.zeros(rows.size, xp.int64)
+        switch = xp.zeros(rows.size, xp.int64)
         accepted = []
         pool = forced_keys  # keys of the rows still drawing, sorted
         while True:
-            active = np.flatnonzero(need > 0)
+            active = xp.flatnonzero(need > 0)
             if not active.size:
                 break
             k = need[active]
-            local = np.repeat(active, k)
-            j = np.arange(local.size) - np.repeat(np.cumsum(k) - k, k) + drawn[local]
-            u = unit(np, hash64(np, hash64(np, key, rows[local]), j))
-            rank = np.minimum(zipf_cdf_inv(u * phi_n, self.skew), self.n - 1).astype(np.int64)
-            cand = sorted_unique(coder.encode(local, self._col_perm(rank)))
-            new = cand[~sorted_isin(pool, cand)]
+            i, j = repeat_rows(xp, k)
+            local = active[i]
+            j += drawn[local]
+            u = unit(xp, hash64(xp, hash64(xp, key, rows[local]), j))
+            rank = xp.minimum(zipf_cdf_inv(xp, u * phi_n, self.skew), self.n - 1).astype(xp.int64)
+            cand = sorted_unique(xp, coder.encode(local, self._col_perm(rank)))
+            new = cand[~sorted_isin(xp, pool, cand)]
             accepted.append(new)
-            got = np.bincount(coder.local(new), minlength=rows.size)[active]
+            got = xp.bincount(coder.local(new), minlength=rows.size)[active]
             need[active] -= got
             drawn[active] += k
             left = need[active]
@@ -301,48 +319,49 @@ class PlantedModel:
             slow = (left > 0) & (left * (k + 1) > (got + 1) * cap[active])
             switch[active[slow]] = left[slow]
             need[active[slow]] = 0
-            pool = np.sort(np.concatenate([pool, new]))
+            pool = xp.sort(xp.concatenate([pool, new]))
             pool = pool[need[coder.local(pool)] > 0]
-        return np.sort(np.concatenate(accepted)) if accepted else np.zeros(0, np.int64), switch
+        return xp.sort(xp.concatenate(accepted)) if accepted else xp.zeros(0, xp.int64), switch
 
     def _draw_race(
         self,
-        rows: np.ndarray,
-        which: np.ndarray,
-        need: np.ndarray,
-        taken: np.ndarray,
+        xp: Any,
+        rows: Array,
+        which: Array,
+        need: Array,
+        taken: Array,
         coder: KeyCoder,
-    ) -> np.ndarray:
+    ) -> Array:
         """`need` more columns for rows `which` by an exponential race over all columns:
         the columns with the least Exp(1) / popularity, skipping the `taken` keys."""
-        key = stream_key(self.seed, _RACE)
-        ranks = np.arange(self.n, dtype=np.float64)
-        weight = zipf_cdf(ranks + 1, self.skew) - zipf_cdf(ranks, self.skew)
-        racing = np.zeros(rows.size, bool)
+        key = xp.uint64(stream_key(self.seed, _RACE))
+        ranks = xp.arange(self.n, dtype=xp.float64)
+        weight = zipf_cdf(xp, ranks + 1, self.skew) - zipf_cdf(xp, ranks, self.skew)
+        racing = xp.zeros(rows.size, bool)
         racing[which] = True
         taken_local, taken_col = coder.decode(taken[racing[coder.local(taken)]])
-        order = np.argsort(taken_local, kind="stable")
+        order = xp.argsort(taken_local, kind="stable")
         taken_local, taken_col = taken_local[order], taken_col[order]
         out = []
         per_batch = max(1, _RACE_CELLS // self.n)
         for b0 in range(0, which.size, per_batch):
             batch = which[b0 : b0 + per_batch]
-            z = hash64(np, hash64(np, np.uint64(key), rows[batch])[:, None], np.arange(self.n))
-            race = -np.log(unit(np, z)) / weight
-            lo = np.searchsorted(taken_local, batch[0])
-            hi = np.searchsorted(taken_local, batch[-1], side="right")
-            slot = np.searchsorted(batch, taken_local[lo:hi])
-            race[slot, self._col_perm.inverse(taken_col[lo:hi])] = np.inf
+            z = hash64(xp, hash64(xp, key, rows[batch])[:, None], xp.arange(self.n))
+            race = -xp.log(unit(xp, z)) / weight
+            lo = int(xp.searchsorted(taken_local, batch[0]))
+            hi = int(xp.searchsorted(taken_local, batch[-1], side="right"))
+            slot = xp.searchsorted(batch, taken_local[lo:hi])
+            race[slot, self._col_perm.inverse(taken_col[lo:hi])] = xp.inf
             want = need[b0 : b0 + per_batch]
             top = int(want.max())
-            order = np.argpartition(race, top - 1, axis=1)[:, :top]
-            order = np.take_along_axis(
-                order, np.argsort(np.take_along_axis(race, order, 1), axis=1), 1
+            order = xp.argpartition(race, top - 1, axis=1)[:, :top]
+            order = xp.take_along_axis(
+                order, xp.argsort(xp.take_along_axis(race, order, 1), axis=1), 1
             )
-            pick = np.arange(top)[None, :] < want[:, None]
-            local = np.broadcast_to(batch[:, None], order.shape)[pick]
+            pick = xp.arange(top)[None, :] < want[:, None]
+            local = xp.broadcast_to(batch[:, None], order.shape)[pick]
             out.append(coder.encode(local, self._col_perm(order[pick])))
-        return np.concatenate(out)
+        return xp.concatenate(out)
 
     # ------------------------------------------------------------------ values
     def _factors(self, xp: Any, stream: int, index: Any) -> Any:
@@ -370,18 +389,17 @@ class PlantedModel:
         rows, cols = xp.asarray(rows), xp.asarray(cols)
         return (self.x(rows, xp) * self.theta(cols, xp)).sum(axis=1)
 
-    def ratings(
-        self, rows: np.ndarray, cols: np.ndarray, use_gpu: bool = False
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(rating, clean) of the pairs: clean plus noise, clipped and rounded, float32."""
-        xp = import_cupy() if use_gpu else np
+    def ratings(self, rows: Array, cols: Array, xp: Any = np) -> tuple[Array, Array]:
+        """(rating, clean) of the pairs: clean plus noise, clipped and rounded, float32.
+        `rows` and `cols` are arrays of `xp` (NumPy, or CuPy to compute on the GPU), and so
+        are the results."""
         vals, cleans = [], []
         r_lo = int(rows.min()) if rows.size else 0
         x_rows = self.x(xp.arange(r_lo, int(rows.max()) + 1 if rows.size else 0), xp)
-        table = _theta_table(self, use_gpu) if self.n * self.rank <= _THETA_TABLE else None
+        table = _theta_table(self, xp) if self.n * self.rank <= _THETA_TABLE else None
         for c0 in range(0, rows.size, _VALUE_CHUNK):
-            r = xp.asarray(rows[c0 : c0 + _VALUE_CHUNK])
-            c = xp.asarray(cols[c0 : c0 + _VALUE_CHUNK])
+            r = rows[c0 : c0 + _VALUE_CHUNK]
+            c = cols[c0 : c0 + _VALUE_CHUNK]
             if table is not None:
                 theta = table[c]
             else:
@@ -399,13 +417,11 @@ class PlantedModel:
             vals.append(val.astype(xp.float32))
             cleans.append(clean)
         if not vals:
-            return np.zeros(0, np.float32), np.zeros(0, np.float32)
-        val, clean = xp.concatenate(vals), xp.concatenate(cleans)
-        return (val.get(), clean.get()) if use_gpu else (val, clean)
+            return xp.zeros(0, xp.float32), xp.zeros(0, xp.float32)
+        return xp.concatenate(vals), xp.concatenate(cleans)
 
 
 @lru_cache(maxsize=2)
-def _theta_table(model: PlantedModel, use_gpu: bool) -> Any:
-    """All of Theta* for a small n, once per process."""
-    xp = import_cupy() if use_gpu else np
+def _theta_table(model: PlantedModel, xp: Any) -> Any:
+    """All of Theta* for a small n, once per process (and array module)."""
     return model.theta(xp.arange(model.n), xp)

@@ -2,12 +2,15 @@
 
 Pure functions of their arguments (no random state), so every generator task computes
 exactly the same values; :mod:`.planted` builds the model's degrees and pairs from them.
+They compute with NumPy or CuPy: functions take the array module `xp` first (as in
+:mod:`.hashing`), and methods compute where their argument arrays live.
 
 * :class:`Permutation`: a keyed pseudo-random bijection of [0, size) and its inverse
   (popularity ranks <-> rows or columns).
 * :func:`zipf_cdf` / :func:`zipf_cdf_inv`: the continuous Zipf mass below a rank, and back.
 * :class:`KeyCoder`: (local row, column) as one sortable int64 in band order, with
   :func:`sorted_unique` and :func:`sorted_isin` on such keys.
+* :func:`repeat_rows`: the (row, position) of every entry of rows with given counts.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from .hashing import splitmix
+from .hashing import array_module, splitmix
+
+#: a NumPy or CuPy array
+Array = Any
 
 
 class Permutation:
@@ -34,77 +40,90 @@ class Permutation:
         self.add = [np.uint64(words[2]), np.uint64(words[3])]
         self.inv = [np.uint64(pow(int(a), -1, 1 << 64)) for a in self.mul]
 
-    def _forward(self, x: np.ndarray) -> np.ndarray:
+    def _forward(self, x: Array) -> Array:
         for a, b in zip(self.mul, self.add, strict=True):
             x = (x * a + b) & self.mask
             x ^= x >> self.shift
         return x
 
-    def _backward(self, x: np.ndarray) -> np.ndarray:
+    def _backward(self, x: Array) -> Array:
         for a, b in zip(self.inv[::-1], self.add[::-1], strict=True):
             x = x ^ (x >> self.shift)
             x = ((x - b) * a) & self.mask
         return x
 
-    def _walk(self, step: Callable[[np.ndarray], np.ndarray], x: Any) -> np.ndarray:
-        x = step(np.asarray(x, dtype=np.int64).astype(np.uint64))
-        todo = np.flatnonzero(x >= self.size)
+    def _walk(self, step: Callable[[Array], Array], x: Any) -> Array:
+        xp = array_module(x)
+        x = step(xp.asarray(x, dtype=xp.int64).astype(xp.uint64))
+        todo = xp.flatnonzero(x >= self.size)
         while todo.size:
             y = step(x[todo])
             x[todo] = y
             todo = todo[y >= self.size]
-        return x.astype(np.int64)
+        return x.astype(xp.int64)
 
-    def __call__(self, x: Any) -> np.ndarray:
+    def __call__(self, x: Any) -> Array:
         return self._walk(self._forward, x)
 
-    def inverse(self, y: Any) -> np.ndarray:
+    def inverse(self, y: Any) -> Array:
         return self._walk(self._backward, y)
 
 
-def zipf_cdf(x: Any, skew: float) -> Any:
+def zipf_cdf(xp: Any, x: Any, skew: float) -> Any:
     """Phi(x) = integral of (t + 1)^-skew over [0, x]: the continuous Zipf mass below rank x."""
     if abs(1.0 - skew) < 1e-12:
-        return np.log1p(x)
-    return np.expm1((1.0 - skew) * np.log1p(x)) / (1.0 - skew)
+        return xp.log1p(x)
+    return xp.expm1((1.0 - skew) * xp.log1p(x)) / (1.0 - skew)
 
 
-def zipf_cdf_inv(y: np.ndarray, skew: float) -> np.ndarray:
+def zipf_cdf_inv(xp: Any, y: Array, skew: float) -> Array:
     """The rank x where Phi(x) = y: the inverse of :func:`zipf_cdf`."""
     if abs(1.0 - skew) < 1e-12:
-        return np.expm1(y)
-    return np.expm1(np.log1p((1.0 - skew) * y) / (1.0 - skew))
+        return xp.expm1(y)
+    return xp.expm1(xp.log1p((1.0 - skew) * y) / (1.0 - skew))
 
 
-def sorted_unique(x: np.ndarray) -> np.ndarray:
+def sorted_unique(xp: Any, x: Array) -> Array:
     """The distinct values of `x`, sorted."""
-    x = np.sort(x)
-    return x[np.concatenate(([True], x[1:] != x[:-1]))] if x.size else x
+    x = xp.sort(x)
+    return x[xp.concatenate((xp.ones(1, bool), x[1:] != x[:-1]))] if x.size else x
 
 
-def sorted_isin(ref: np.ndarray, x: np.ndarray) -> np.ndarray:
+def sorted_isin(xp: Any, ref: Array, x: Array) -> Array:
     """np.isin(x, ref) for a sorted `ref`."""
     if not ref.size:
-        return np.zeros(x.shape, bool)
-    return ref[np.minimum(np.searchsorted(ref, x), ref.size - 1)] == x
+        return xp.zeros(x.shape, bool)
+    return ref[xp.minimum(xp.searchsorted(ref, x), ref.size - 1)] == x
+
+
+def repeat_rows(xp: Any, counts: Array) -> tuple[Array, Array]:
+    """(row, position) of the entries of rows with `counts` entries, row by row: the row is
+    ``np.repeat(arange(len(counts)), counts)`` (CuPy's repeat takes no array of counts) and
+    the position counts 0, 1, ... within each row."""
+    ends = xp.cumsum(counts)
+    total = int(ends[-1]) if ends.size else 0
+    # an entry's row is the number of rows that end at or before it
+    row = xp.cumsum(xp.bincount(ends, minlength=total + 1)[:total])
+    return row, xp.arange(total) - (ends - counts)[row]
 
 
 class KeyCoder:
     """(local row, column) <-> one int64 whose order is (column tile, row, column): the
-    order of a band in the store, so sorting keys both deduplicates and orders a band."""
+    order of a band in the store, so sorting keys both deduplicates and orders a band.
+    Works on NumPy and CuPy arrays alike."""
 
     def __init__(self, n_rows: int, tile_cols: int):
         self.tile_cols = tile_cols
         self.col_bits = (tile_cols - 1).bit_length()
         self.row_bits = (max(n_rows, 1) - 1).bit_length()
 
-    def encode(self, local: np.ndarray, col: np.ndarray) -> np.ndarray:
-        tile, within = np.divmod(col, self.tile_cols)
+    def encode(self, local: Array, col: Array) -> Array:
+        tile, within = divmod(col, self.tile_cols)
         return (((tile << self.row_bits) | local) << self.col_bits) | within
 
-    def local(self, keys: np.ndarray) -> np.ndarray:
+    def local(self, keys: Array) -> Array:
         return (keys >> self.col_bits) & ((1 << self.row_bits) - 1)
 
-    def decode(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def decode(self, keys: Array) -> tuple[Array, Array]:
         within = keys & ((1 << self.col_bits) - 1)
         return self.local(keys), (keys >> (self.col_bits + self.row_bits)) * self.tile_cols + within

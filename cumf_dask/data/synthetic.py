@@ -8,8 +8,11 @@ the tile sizes (tiles only order the output). One task per row band writes its b
 complete, last. A local store is built beside the target and moved into place only when
 complete, so an interrupted run never replaces a good store.
 
-GPU: with ``use_gpu`` the rating values are computed with CuPy; which pairs exist and the
-split are still computed on the CPU and are identical.
+GPU: with ``use_gpu`` each row band's pairs, rating values and split are computed with CuPy
+and copied to the host once, to be compressed and written there; the transposition sorts
+on the GPU. The degrees and the split are identical to the CPU's; a row's columns are too
+but for rare floating-point ties, and values match to float32 rounding (the GPU note of
+:mod:`.planted` says why).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ..checks import check_choice, check_fraction, check_positive_int
 from ..devices import has_cuda
 from ..errors import ConfigError
 from ..paths import normalize_url
-from .bands import finish_store, init_store, transpose_band, write_band
+from .bands import band_module, finish_store, init_store, to_host, transpose_band, write_band
 from .hashing import split_mask
 from .parallel import Progress, run_tasks
 from .planted import PlantedModel
@@ -51,9 +54,9 @@ def generate(
     `client` is a ``distributed.Client`` (tasks run on its workers; a local path must be
     shared by them) or None: a thread pool of dask's ``num_workers`` (default: one per core).
     `progress(stage, done, total)` is called as bands finish, stage "generate" then
-    "transpose". `use_gpu`: True computes rating values with CuPy, "auto" where a worker
-    sees a GPU, False never. On any error the partial store is removed (a local `url`) and
-    is never marked complete.
+    "transpose". `use_gpu`: True computes pairs, values and split with CuPy (and sorts the
+    transposition there), "auto" where a worker sees a GPU, False never. On any error the
+    partial store is removed (a local `url`) and is never marked complete.
     """
     check_fraction("test_fraction", test_fraction)
     check_positive_int("tile_rows", tile_rows, optional=True)
@@ -61,6 +64,8 @@ def generate(
     check_choice("use_gpu", use_gpu, (True, False, "auto"))
     if use_gpu is True and client is None and not has_cuda():
         raise ConfigError("use_gpu=True but no CUDA GPU with cupy is visible; use 'auto' or False")
+    if client is None and use_gpu == "auto":
+        use_gpu = has_cuda()  # the tasks run in this process
     m, n, nnz = model.m, model.n, model.nnz
     tile_rows = tile_rows or default_tile(m, n, nnz)
     tile_cols = tile_cols or default_tile(n, m, nnz)
@@ -95,8 +100,9 @@ def _build(
             for a in range(math.ceil(m / tile_rows))
         ]
         rows = run_tasks(client, _row_band, bands, "generate", progress)
+        gpu = (use_gpu,) if use_gpu else ()  # transpose_band sorts on the CPU by default
         cols = run_tasks(client, transpose_band,
-                         [(work, b) for b in range(math.ceil(n / tile_cols))], "transpose",
+                         [(work, b, *gpu) for b in range(math.ceil(n / tile_cols))], "transpose",
                          progress)  # fmt: skip
         n_test = sum(r[1]["nnz"] for r in rows) if test_fraction > 0 else 0
         source = {
@@ -135,13 +141,32 @@ def _row_band(
     """Generate and write row band `band` (training and test): (row summary, test summary,
     squared error of the test ratings against the planted model)."""
     r0 = band * tile_rows
-    row, col, forced = model.band_pairs(r0, min(r0 + tile_rows, model.m), tile_cols)
-    val, clean = model.ratings(row, col, use_gpu=use_gpu is True or (use_gpu and has_cuda()))
-    test = split_mask(row, col, test_fraction, split_seed) & ~forced
+    row, col, val, test, sq_err = _band_ratings(
+        model, r0, min(r0 + tile_rows, model.m), tile_cols, test_fraction, split_seed,
+        band_module(use_gpu),
+    )  # fmt: skip
     train = ~test
     summary = write_band(url, "row", band, row[train], col[train], val[train])
     if test_fraction <= 0:
         return summary, {}, 0.0
     test_summary = write_band(url, "test", band, row[test], col[test], val[test])
-    err = val[test].astype(np.float64) - clean[test]
-    return summary, test_summary, float(err @ err)
+    return summary, test_summary, sq_err
+
+
+def _band_ratings(
+    model: PlantedModel,
+    r0: int,
+    r1: int,
+    tile_cols: int,
+    test_fraction: float,
+    split_seed: int,
+    xp: Any,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """(row, col, val, test, squared error of the test ratings) of rows [r0, r1), computed
+    with `xp` and returned on the host: with CuPy only these cross over, and the GPU's
+    temporaries are freed on return."""
+    row, col, forced = model.band_pairs(r0, r1, tile_cols, xp)
+    val, clean = model.ratings(row, col, xp)
+    test = split_mask(row, col, test_fraction, split_seed) & ~forced
+    err = val[test].astype(xp.float64) - clean[test]
+    return to_host(row), to_host(col), to_host(val), to_host(test), float(err @ err)
