@@ -106,17 +106,19 @@ def plot(path: str) -> str:
 
 def task_breakdown(tasks: list[dict], metrics: list[dict]) -> str:
     """Per iteration: wall seconds, seconds with some task computing, and compute seconds by
-    kind (the key up to its first digit-bearing part, e.g. "update-X-batch")."""
+    kind (the key up to its first digit-bearing part, e.g. "update-X-batch"). Tasks of no
+    iteration (resident block loads, the kernel compile, counts, initial factors) count in
+    iteration 1, when they run."""
     spans: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
     for task in tasks:
         key = str(task["key"])
         found = re.search(r"-it(\d+)", key)
-        if found is None:
-            continue
+        if found is None and not key.startswith(("load-", "prepare-", "counts-", "init-")):
+            continue  # not the fit's (the link measurement, the model's way to the client)
         kind = re.split(r"\d", key, maxsplit=1)[0].rstrip("-")
         for ss in task["startstops"]:
             if ss["action"] == "compute":
-                spans[int(found.group(1))].append((ss["start"], ss["stop"], kind))
+                spans[int(found.group(1)) if found else 1].append((ss["start"], ss["stop"], kind))
     lines = [
         "| it | wall s | some task computing s | compute s by kind |",
         "| --- | --- | --- | --- |",
@@ -131,6 +133,16 @@ def task_breakdown(tasks: list[dict], metrics: list[dict]) -> str:
             kinds[kind] += stop - start
         top = ", ".join(f"{k} {v:.4f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
         lines.append(f"| {it} | {record['seconds']:.4f} | {busy:.4f} | {top} |")
+    first = spans.get(1, [])
+    if first:
+        t0 = min(start for start, _, _ in first)
+        lines += ["", "iteration 1 by kind: first start .. last stop, s after the first task"]
+        window: dict[str, tuple[float, float]] = {}
+        for start, stop, kind in first:
+            lo, hi = window.get(kind, (start, stop))
+            window[kind] = (min(lo, start), max(hi, stop))
+        lines += [f"  {kind}: {lo - t0:.3f} .. {hi - t0:.3f}"
+                  for kind, (lo, hi) in sorted(window.items(), key=lambda kv: kv[1])]  # fmt: skip
     return "\n".join(lines)
 
 

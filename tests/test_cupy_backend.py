@@ -92,6 +92,41 @@ def test_long_rows_are_split_and_summed(cpu, long_row, f):
     assert rel_err(X, cpu.update(block, fixed, counts, lam)) < 1e-4
 
 
+@pytest.mark.parametrize("f", [10, 32])
+def test_update_finds_its_rows_once_per_block(cpu, f):
+    """The rows an update solves how (fused, split) are found once per block and counts
+    (that synchronizes with the GPU); other counts find them again, and they go with the
+    block."""
+    import gc
+
+    from cumf_dask.backend.cupy_backend import SMALL_F, CupyBackend
+
+    gpu = CupyBackend(long_row=300)
+    rng = np.random.default_rng()
+    m, n, lam = 60, 4000, 0.1
+    rows, cols, vals = random_ratings(m, n, 0.05, int(rng.integers(1 << 30)))
+    heavy = np.setdiff1d(np.arange(n), cols[rows == 7])[:1000]  # row 7: long, split
+    rows, cols = np.r_[rows, np.full(heavy.size, 7)], np.r_[cols, heavy]
+    vals = np.r_[vals, rng.uniform(1, 5, heavy.size).astype(np.float32)]
+    block = coo_to_block(rows, cols, vals, 0, 0, m, n)
+    dev = gpu.block_to_device(block)
+    counts = np.bincount(rows, minlength=m)
+    fewer = counts.copy()
+    fewer[[3, 7]] = 0  # rows that count no ratings are not solved (zeros)
+    for c in (counts, counts, fewer):
+        fixed = (rng.random((n, f)) / np.sqrt(f)).astype(np.float32)
+        X = gpu.to_host(gpu.update(dev, gpu.asarray(fixed), gpu.asarray(c), lam))
+        assert rel_err(X, cpu.update(block, fixed, c, lam)) < 1e-4
+    held = gpu.asarray(counts)
+    gpu.update(dev, gpu.asarray(fixed), held, lam)
+    assert gpu._update_rows(dev, gpu.asarray(block.indptr), held, f, f <= SMALL_F) is (
+        gpu._row_sets[id(dev)][2]
+    )
+    del dev
+    gc.collect()
+    assert not gpu._row_sets
+
+
 def test_above_256_uses_cusolver(gpu):
     m, n, f, lam = 30, 500, 300, 0.05
     rows, cols, vals, block, fixed = _problem(m, n, f, 0.5, 11, empty_rows=[0])
@@ -316,3 +351,18 @@ def test_implicit_bfloat16_matches_numpy_emulation(solver, f):
                                  gram0=half.asarray(gram0)))  # fmt: skip
     ref = emu.update(block, emu.prepare_fixed(fixed), counts, spec, gram0=gram0)
     assert rel_err(X, ref) < 1e-4
+
+
+def test_finite_check_on_the_gpu(gpu):
+    """The non-blocking flags read back right, and the check names the first bad row."""
+    from cumf_dask.engine.tasks import NonFiniteFactor, check_finite
+
+    rng = np.random.default_rng()
+    pieces = [rng.standard_normal((n, 4)).astype(np.float32) for n in (10, 6, 8)]
+    assert gpu.finite([gpu.asarray(p) for p in pieces]).tolist() == [True] * 3
+    pieces[1][3, 2], pieces[2][0, :] = np.inf, np.nan
+    assert gpu.finite([gpu.asarray(p) for p in pieces]).tolist() == [True, False, False]
+    with pytest.raises(NonFiniteFactor) as err:
+        check_finite([0, 10, 16], "cupy", *(gpu.asarray(p) for p in pieces))
+    assert (err.value.count, err.value.row) == (1, 13)
+    assert gpu.finite([]).size == 0

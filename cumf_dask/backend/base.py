@@ -29,6 +29,7 @@ engine computes it once per half-step) and computed from ``fixed`` by ``update``
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -65,6 +66,10 @@ class Backend(ABC):
         if self.precision == "float32":
             return fixed
         return round_bfloat16(self.xp, fixed)
+
+    def finite(self, pieces: Sequence[Any]) -> np.ndarray:
+        """Whether each array holds only finite values, on the host."""
+        return np.array([bool(self.xp.isfinite(p).all()) for p in pieces], bool)
 
     # ------------------------------------------------------------------ movement
     def asarray(self, x: Any, dtype: Any = None) -> Any:

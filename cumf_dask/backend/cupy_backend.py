@@ -45,7 +45,10 @@ and B (row f), and the Cholesky factor of that extended matrix carries the forwa
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -200,6 +203,23 @@ def _segments(lo: Any, hi: Any, split: int) -> tuple[Any, Any, Any]:
     return owner.astype(cp.int32), seg_lo, cp.minimum(seg_lo + split, hi[owner])
 
 
+@dataclass(frozen=True)
+class _GramLaunches:
+    """How the Gram kernels cover a set of rows (:meth:`CupyBackend._gram_launches`)."""
+
+    row: tuple[Any, Any, Any] | None  # (out, lo, hi) for row_hermitian, longest first
+    zero: Any  # out of the split rows (zeroed before their segments add up), or None
+    tiled: list[tuple[Any, Any, Any, np.int32]]  # (out, lo, hi, atomic) per tiled launch
+
+
+@dataclass(frozen=True)
+class _UpdateRows:
+    """Which rows of a block the update solves how (:meth:`CupyBackend._update_rows`)."""
+
+    fused: Any  # int32 rows for the fused update, longest first
+    batches: list[tuple[Any, _GramLaunches]]  # long rows in batches: (rows, their Gram)
+
+
 def pinned_copy(array: np.ndarray) -> np.ndarray:
     """A NumPy array in page-locked host memory with the contents of `array`.
 
@@ -239,6 +259,8 @@ class CupyBackend(Backend):
             raise ValueError(f"long_row must be at least 1, got {long_row}")
         self.long_row = int(long_row)
         self.threads_per_sm = threads_per_sm
+        # id(block): (counts, key, rows), see _update_rows
+        self._row_sets: dict[int, tuple[Any, tuple, _UpdateRows]] = {}
 
     def to_host(self, x: Any) -> np.ndarray:
         return cp.asnumpy(x)
@@ -251,6 +273,24 @@ class CupyBackend(Backend):
     def prepare(self, f: int, spec: UpdateSpec | None = None) -> None:
         """Compile (or load from CuPy's disk cache) the kernels for f factors (and spec)."""
         self._kernels(f, "bf16" if self.precision == "bfloat16" else "float", spec)
+
+    def finite(self, pieces: Sequence[Any]) -> np.ndarray:
+        """Whether each array holds only finite values, read back without a blocking CUDA
+        call: the flags are copied to pinned memory behind the kernels queued so far, and
+        an event is polled until they arrive. A blocking sync here (the check waits for a
+        whole half-step) held up the kernel launches of the task computing beside it:
+        update Theta's launches took as long as update X's kernels ran (Netflix, H100)."""
+        flags = cp.stack([cp.isfinite(p).all() for p in pieces]) if pieces else None
+        if flags is None:
+            return np.zeros(0, bool)
+        host = np.frombuffer(cp.cuda.alloc_pinned_memory(flags.nbytes), bool, flags.size)
+        stream = cp.cuda.get_current_stream()
+        cp.cuda.runtime.memcpyAsync(host.ctypes.data, flags.data.ptr, flags.nbytes,
+                                    cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)  # fmt: skip
+        done = stream.record()
+        while not done.done:
+            time.sleep(2e-4)
+        return host.copy()
 
     def prepare_fixed(self, fixed: Any) -> Any:
         """float32: as given; bfloat16: stored as bfloat16 bits (``bfloat16_rows``)."""
@@ -309,36 +349,83 @@ class CupyBackend(Backend):
         B: Any,
         scale: Any = None,
         spec: UpdateSpec | None = None,
+        launches: _GramLaunches | None = None,
     ):
         """A[out], B[out] = the Gram of `rows` (each with ratings; `out` int32), their fixed
-        rows scaled by `scale` (implicit; csr's values are then the t of each rating). Rows
-        of up to long_row ratings are stored whole (small f: a thread each, longest first);
-        longer ones are zeroed, then cut into segments on several blocks whose partial tiles
-        are added with atomics."""
-        indptr, indices, values = csr
+        rows scaled by `scale` (implicit; csr's values are then the t of each rating), by the
+        `launches` that :meth:`_gram_launches` finds for them (found here when not given)."""
+        indices, values = csr[1], csr[2]
         f = fixed.shape[1]
         threads, groups = launch_shape(padded_size(f))
         found = self._kernels(f, _ELEMENT[fixed.dtype], spec)
-        kernel = found["hermitian"]
+        if launches is None:
+            launches = self._gram_launches(csr[0], rows, out, "row_hermitian" in found)
+        if launches.row is not None:
+            row_out, row_lo, row_hi = launches.row
+            args = (indices, values, scale, fixed, row_out, row_lo, row_hi,
+                    np.int32(row_out.size), A, B)  # fmt: skip
+            found["row_hermitian"]((-(-row_out.size // 128),), (128,), args)
+        if launches.zero is not None:
+            A[launches.zero] = 0
+            B[launches.zero] = 0
+        for seg_out, seg_lo, seg_hi, atomic in launches.tiled:
+            args = (indices, values, scale, fixed, np.int32(f), vec, seg_out)
+            found["hermitian"]((seg_out.size, groups), (threads,),
+                               (*args, seg_lo, seg_hi, atomic, A, B))  # fmt: skip
+
+    def _gram_launches(self, indptr: Any, rows: Any, out: Any, row_kernel: bool) -> _GramLaunches:
+        """How :meth:`_gram` covers `rows`: rows of up to long_row ratings are stored whole
+        (with `row_kernel`, small f, a thread each, longest first); longer ones are zeroed,
+        then cut into segments on several blocks whose partial tiles are added with atomics.
+        Finding this synchronizes with the GPU (the sets' sizes)."""
         lo, hi = indptr[rows], indptr[rows + 1]
         split = hi - lo > self.long_row
         short, long = cp.flatnonzero(~split), cp.flatnonzero(split)
-        if "row_hermitian" in found and short.size:
+        row, zero, tiled = None, None, []
+        if row_kernel and short.size:
             short = short[cp.argsort(lo[short] - hi[short])]
-            args = (indices, values, scale, fixed, out[short], lo[short], hi[short],
-                    np.int32(short.size), A, B)  # fmt: skip
-            found["row_hermitian"]((-(-short.size // 128),), (128,), args)
-            short = short[:0]
-        launches = [(out[short], lo[short], hi[short], np.int32(0))]
+            row = (out[short], lo[short], hi[short])
+        elif short.size:
+            tiled.append((out[short], lo[short], hi[short], np.int32(0)))
         if long.size:
-            A[out[long]] = 0
-            B[out[long]] = 0
+            zero = out[long]
             owner, seg_lo, seg_hi = _segments(lo[long], hi[long], self.long_row)
-            launches.append((out[long][owner], seg_lo, seg_hi, np.int32(1)))
-        for seg_out, seg_lo, seg_hi, atomic in launches:
-            if seg_out.size:
-                args = (indices, values, scale, fixed, np.int32(f), vec, seg_out)
-                kernel((seg_out.size, groups), (threads,), (*args, seg_lo, seg_hi, atomic, A, B))
+            tiled.append((zero[owner], seg_lo, seg_hi, np.int32(1)))
+        return _GramLaunches(row, zero, tiled)
+
+    def _update_rows(
+        self, block: Block, indptr: Any, counts: Any, f: int, row_kernel: bool
+    ) -> _UpdateRows:
+        """Which rows of `block` :meth:`update` solves how, found once per block (and
+        `counts` object, f's path): finding them synchronizes with the GPU, and a resident
+        block's update otherwise returns as soon as its kernels are queued, so the next
+        tasks (a gather, the other half-step) are queued while they run. Forgotten with the
+        block."""
+        key = (f <= MAX_FUSED_F, row_kernel, self.long_row)
+        found = self._row_sets.get(id(block))
+        if found is not None and found[0] is counts and found[1] == key:
+            return found[2]
+        degree = cp.diff(indptr)
+        active = (degree > 0) & (self._counts(counts) > 0)
+        fused = cp.zeros(0, cp.int32)
+        if f <= MAX_FUSED_F:
+            short = cp.flatnonzero(active & (degree <= self.long_row))
+            # longest first: they start early instead of forming the tail, and a warp's
+            # rows have about as many ratings
+            fused = short[cp.argsort(-degree[short])].astype(cp.int32)
+            active &= degree > self.long_row
+        rest = cp.flatnonzero(active).astype(cp.int32)
+        step = max(1, BATCH_BYTES // (f * f * 4))
+        batches = []
+        for lo in range(0, rest.size, step):
+            rows = rest[lo : lo + step]
+            local = cp.arange(rows.size, dtype=cp.int32)
+            batches.append((rows, self._gram_launches(indptr, rows, local, row_kernel)))
+        plan = _UpdateRows(fused, batches)
+        if found is None:
+            weakref.finalize(block, self._row_sets.pop, id(block), None)
+        self._row_sets[id(block)] = (counts, key, plan)
+        return plan
 
     def _fused(
         self,
@@ -353,11 +440,9 @@ class CupyBackend(Backend):
         rows: Any,
         X: Any,
     ) -> None:
-        """X[rows] by the fused kernel, longest rows first (they start early instead of
-        forming the tail, and a warp's rows have about as many ratings); for small f the
+        """X[rows] by the fused kernel (`rows` int32, longest first); for small f the
         one-thread-per-row kernel."""
         f = fixed.shape[1]
-        rows = rows[cp.argsort(-cp.diff(csr[0])[rows])].astype(cp.int32)
         found = self._kernels(f, _ELEMENT[fixed.dtype], spec)
         lam, weighted = np.float32(spec.lam), np.int32(spec.weighted)
         if "row_update" in found:
@@ -566,23 +651,16 @@ class CupyBackend(Backend):
             fixed, vec = self._factor(fixed)
             f = fixed.shape[1]
             csr, scale = self._weighted(block, spec)
-            counts = self._counts(counts)
             X = cp.zeros((block.n_rows, f), cp.float32)
-            degree = cp.diff(csr[0])
-            active = (degree > 0) & (counts > 0)
-            if f <= MAX_FUSED_F:
-                short = cp.flatnonzero(active & (degree <= self.long_row))
-                if short.size:
-                    self._fused(csr, scale, fixed, vec, counts, spec, gram0, x0, short, X)
-                active &= degree > self.long_row
-            rest = cp.flatnonzero(active).astype(cp.int32)
-            step = max(1, BATCH_BYTES // (f * f * 4))
-            for lo in range(0, rest.size, step):
-                rows = rest[lo : lo + step]
-                local = cp.arange(rows.size, dtype=cp.int32)
+            row_kernel = "row_hermitian" in self._kernels(f, _ELEMENT[fixed.dtype], spec)
+            plan = self._update_rows(block, csr[0], counts, f, row_kernel)
+            counts = self._counts(counts)
+            if plan.fused.size:
+                self._fused(csr, scale, fixed, vec, counts, spec, gram0, x0, plan.fused, X)
+            for rows, launches in plan.batches:
                 A = cp.empty((rows.size, f, f), cp.float32)
                 B = cp.empty((rows.size, f), cp.float32)
-                self._gram(csr, fixed, vec, rows, local, A, B, scale, spec)
+                self._gram(csr, fixed, vec, rows, None, A, B, scale, spec, launches)
                 Xb = cp.empty((rows.size, f), cp.float32)
                 start = None if x0 is None else cp.ascontiguousarray(x0[rows])
                 self._solve_all(A, B, counts[rows], spec, Xb, gram0, start)

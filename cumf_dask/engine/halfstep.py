@@ -278,13 +278,15 @@ class SUALSEngine:
     def _finite_checks(
         self, h: HalfStepPlan, pieces: list[Piece], owners: list[str], it: int
     ) -> list[Future]:
-        """One tasks.check_finite per worker over the pieces it solved (see there)."""
+        """One tasks.check_finite per worker over the pieces it solved (see there). Not a
+        compute task: it waits for the GPU to finish them, while the worker's compute slot
+        queues the next tasks' kernels behind them."""
         checks = []
         for worker in dict.fromkeys(owners):
             mine = [(p[0], p[2]) for p, w in zip(pieces, owners, strict=True) if w == worker]
             checks.append(self.submit(
                 tasks.check_finite, [lo for lo, _ in mine], self.backend,
-                *(fut for _, fut in mine), worker=worker,
+                *(fut for _, fut in mine), worker=worker, compute=False,
                 key=f"finite-{h.label}-w{self.place.index(worker)}-it{it}",
             ))  # fmt: skip
         return checks

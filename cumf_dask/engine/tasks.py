@@ -96,12 +96,13 @@ def check_finite(row0s: list[int], backend: str, *pieces: Any) -> None:
     One task per worker and half-step, after that worker's pieces: the solving tasks return
     without waiting for the GPU, and this task's one device sync is the check's only cost.
     """
-    xp = get_backend(backend).xp
-    good = [xp.isfinite(piece) for piece in pieces]
-    if not good or bool(xp.stack([g.all() for g in good]).all()):
+    be = get_backend(backend)
+    good = be.finite(pieces)
+    if good.all():
         return
-    row0, bad = next((r, ~g) for r, g in zip(row0s, good, strict=True) if not bool(g.all()))
-    raise NonFiniteFactor(int(bad.sum()), row0 + int(xp.argmax(bad.any(axis=1))))
+    first = int(np.argmin(good))
+    bad = ~be.xp.isfinite(pieces[first])
+    raise NonFiniteFactor(int(bad.sum()), row0s[first] + int(be.xp.argmax(bad.any(axis=1))))
 
 
 def update(
