@@ -189,8 +189,8 @@ def job_plan(
         res = local_resources(config.cluster, nnz)
     else:
         res = client_resources(client, config.cluster.backend)
-    # the link's bandwidth is measured when a fit starts; the plan assumes the transport's
     held_out = store.nnz_test if store is not None else total - nnz  # the test RMSE's blocks
+    # the link's bandwidth is measured when a fit starts; the plan assumes the transport's
     plan = make_plan(m, n, nnz, f, res.workers, res.memory, *counts, config.plan, res.backend,
                      transport=res.transport, host_memory=res.host_memory,
                      held_out=held_out)  # fmt: skip

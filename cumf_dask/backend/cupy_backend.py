@@ -280,9 +280,9 @@ class CupyBackend(Backend):
         an event is polled until they arrive. A blocking sync here (the check waits for a
         whole half-step) held up the kernel launches of the task computing beside it:
         update Theta's launches took as long as update X's kernels ran (Netflix, H100)."""
-        flags = cp.stack([cp.isfinite(p).all() for p in pieces]) if pieces else None
-        if flags is None:
+        if not pieces:
             return np.zeros(0, bool)
+        flags = cp.stack([cp.isfinite(p).all() for p in pieces])
         host = np.frombuffer(cp.cuda.alloc_pinned_memory(flags.nbytes), bool, flags.size)
         stream = cp.cuda.get_current_stream()
         cp.cuda.runtime.memcpyAsync(host.ctypes.data, flags.data.ptr, flags.nbytes,
@@ -307,6 +307,10 @@ class CupyBackend(Backend):
         return kernels(
             padded_size(f), cp.cuda.Device().id, self.threads_per_sm, element, implicit, cg, small
         )
+
+    def _row_kernel(self, fixed: Any, spec: UpdateSpec | None) -> bool:
+        """Whether the Gram of unsplit rows runs one thread per row (small f)."""
+        return "row_hermitian" in self._kernels(fixed.shape[1], _ELEMENT[fixed.dtype], spec)
 
     @staticmethod
     def _optional(x: Any) -> Any:
@@ -343,23 +347,19 @@ class CupyBackend(Backend):
         csr: tuple,
         fixed: Any,
         vec: np.int32,
-        rows: Any,
-        out: Any,
+        launches: _GramLaunches,
         A: Any,
         B: Any,
         scale: Any = None,
         spec: UpdateSpec | None = None,
-        launches: _GramLaunches | None = None,
     ):
-        """A[out], B[out] = the Gram of `rows` (each with ratings; `out` int32), their fixed
-        rows scaled by `scale` (implicit; csr's values are then the t of each rating), by the
-        `launches` that :meth:`_gram_launches` finds for them (found here when not given)."""
+        """A[out], B[out] of the rows that `launches` cover (:meth:`_gram_launches`): the
+        Gram of their fixed rows, scaled by `scale` (implicit; csr's values are then the t
+        of each rating)."""
         indices, values = csr[1], csr[2]
         f = fixed.shape[1]
         threads, groups = launch_shape(padded_size(f))
         found = self._kernels(f, _ELEMENT[fixed.dtype], spec)
-        if launches is None:
-            launches = self._gram_launches(csr[0], rows, out, "row_hermitian" in found)
         if launches.row is not None:
             row_out, row_lo, row_hi = launches.row
             args = (indices, values, scale, fixed, row_out, row_lo, row_hi,
@@ -606,7 +606,8 @@ class CupyBackend(Backend):
                 B[empty] = 0
             rows = cp.flatnonzero(degree > 0).astype(cp.int32)
             if rows.size:
-                self._gram(csr, fixed, vec, rows, rows, A, B, scale, spec)
+                launches = self._gram_launches(csr[0], rows, rows, self._row_kernel(fixed, spec))
+                self._gram(csr, fixed, vec, launches, A, B, scale, spec)
             return A, B
 
     def solve(
@@ -652,15 +653,14 @@ class CupyBackend(Backend):
             f = fixed.shape[1]
             csr, scale = self._weighted(block, spec)
             X = cp.zeros((block.n_rows, f), cp.float32)
-            row_kernel = "row_hermitian" in self._kernels(f, _ELEMENT[fixed.dtype], spec)
-            plan = self._update_rows(block, csr[0], counts, f, row_kernel)
+            plan = self._update_rows(block, csr[0], counts, f, self._row_kernel(fixed, spec))
             counts = self._counts(counts)
             if plan.fused.size:
                 self._fused(csr, scale, fixed, vec, counts, spec, gram0, x0, plan.fused, X)
             for rows, launches in plan.batches:
                 A = cp.empty((rows.size, f, f), cp.float32)
                 B = cp.empty((rows.size, f), cp.float32)
-                self._gram(csr, fixed, vec, rows, None, A, B, scale, spec, launches)
+                self._gram(csr, fixed, vec, launches, A, B, scale, spec)
                 Xb = cp.empty((rows.size, f), cp.float32)
                 start = None if x0 is None else cp.ascontiguousarray(x0[rows])
                 self._solve_all(A, B, counts[rows], spec, Xb, gram0, start)

@@ -94,7 +94,8 @@ def check_finite(row0s: list[int], backend: str, *pieces: Any) -> None:
     """Raise NonFiniteFactor if a piece (its first row in `row0s`) holds NaN or inf.
 
     One task per worker and half-step, after that worker's pieces: the solving tasks return
-    without waiting for the GPU, and this task's one device sync is the check's only cost.
+    without waiting for the GPU, and this task waits for them (without blocking the worker's
+    other thread on the GPU: :meth:`~cumf_dask.backend.base.Backend.finite`).
     """
     be = get_backend(backend)
     good = be.finite(pieces)
