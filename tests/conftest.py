@@ -38,9 +38,16 @@ def clients():
     Tests leave nothing on them: the engine releases what it held after each fit."""
     from distributed import Client, LocalCluster
 
+    from cumf_dask.engine.cluster import worker_addresses
+
     pool: dict[int, tuple] = {}
 
     def get(workers: int):
+        if workers in pool and len(worker_addresses(pool[workers][1])) < workers:
+            # a worker left (seen once in CI: a 1-worker cluster reported none); start afresh
+            cluster, client = pool.pop(workers)
+            client.close()
+            cluster.close()
         if workers not in pool:
             cluster = LocalCluster(
                 n_workers=workers, threads_per_worker=1, processes=False, dashboard_address=None
