@@ -81,6 +81,8 @@ def main() -> None:
     parser.add_argument("--gen-gpu", action="store_true", help="generation's pairs, rating "
                         "values and split (and the transposition's sort) on the GPUs; the CPUs "
                         "compress and write")  # fmt: skip
+    parser.add_argument("--blocks", default="auto", choices=["auto", "device", "host", "store"],
+                        help="where R's blocks live between half-steps (plan.blocks)")
     parser.add_argument("--data", default="/tmp/cumf-bench")
     parser.add_argument("--keep", action="store_true", help="keep the store afterwards")
     parser.add_argument("--json")
@@ -96,8 +98,8 @@ def main() -> None:
     with cluster_client(ClusterConfig(backend="cupy", dashboard_address=None)) as client:
         started = time.perf_counter() - t0
         extra = {"solver": args.solver} if args.solver else {}
-        model = ALS(args.factors, args.lam, args.iterations, backend="cupy", plan=PlanConfig(),
-                    **extra)  # fmt: skip
+        model = ALS(args.factors, args.lam, args.iterations, backend="cupy",
+                    plan=PlanConfig(blocks=args.blocks), **extra)  # fmt: skip
         t1 = time.perf_counter()
         model.fit(store, client=client)
         fit_wall = time.perf_counter() - t1
@@ -123,6 +125,7 @@ def main() -> None:
         record = {"date": time.strftime("%Y-%m-%d"), "device": device_name("cupy"),
                   "preset": args.preset, "scale": args.scale, "shape": [store.m, store.n],
                   "ratings": ratings, "factors": args.factors, "generation_s": gen_seconds,
+                  "blocks": model.plan_.blocks,
                   "disk_bytes": disk, "plan": plan, "transport": scheme, "fit_wall_s": fit_wall,
                   "cluster_start_s": started, "steady_s": steady, "iterations": its,
                   **memory}  # fmt: skip

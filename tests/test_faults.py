@@ -210,6 +210,20 @@ def _update_nan_third(self, *args, **kwargs):
     return out
 
 
+def _forgotten(client, part: str, timeout: float = 5.0) -> bool:
+    """Whether the scheduler holds no task with `part` in its key (within `timeout` s)."""
+    deadline = time.monotonic() + timeout
+
+    def held(dask_scheduler) -> bool:
+        return any(part in str(key) for key in dask_scheduler.tasks)
+
+    while client.run_on_scheduler(held):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_non_finite_factors_keep_the_last_good_checkpoint(store, client2, tmp_path, monkeypatch,
                                                           reference):  # fmt: skip
     monkeypatch.setitem(_UPDATES, "calls", 0)
@@ -224,6 +238,8 @@ def test_non_finite_factors_keep_the_last_good_checkpoint(store, client2, tmp_pa
         "or check the input for extreme ratings; the last good checkpoint (iteration 1) is kept"
     )
     assert (tmp_path / "ckpt" / "LATEST").read_text().strip() == "iter-00001"
+    # iteration 3, submitted before iteration 2 was checked, was dropped
+    assert _forgotten(client2, "-it3-"), "the scheduler still holds tasks of iteration 3"
     monkeypatch.setattr(NumpyBackend, "update", _UPDATES["real"])
     als.fit(store, client=client2, resume=True)
     same(als, reference)

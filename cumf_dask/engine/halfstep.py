@@ -46,6 +46,8 @@ from .plan import HalfStepPlan, Plan, balanced_bounds
 from .reduce import final_inputs, slice_bounds
 from .watch import Watch
 
+SCORING = 1  # task priority of scoring: before the next iteration's tasks, queued already
+
 
 class ReadAhead:
     """Bounds the blocks a streamed plan holds: the read of a worker's next block waits for
@@ -169,13 +171,16 @@ class SUALSEngine:
             )
         return fixed.placed[(lo, hi, worker)]
 
-    def gather(self, factor: Factor, lo: int, hi: int, worker: str, name: str) -> Future:
+    def gather(
+        self, factor: Factor, lo: int, hi: int, worker: str, name: str, priority: int = 0
+    ) -> Future:
         """Rows [lo, hi) of a factor assembled on `worker` from the pieces that hold them
         (only those move: a batch's warm start or RMSE rows are mostly on its own worker)."""
         key = f"{name}-on-{self.place.index(worker)}-{factor.version}"
         pieces = [p for p in factor.pieces if p[0] < hi and lo < p[1]]
         return self.submit(
             tasks.assemble, lo, hi, self.backend, pieces, key=key, worker=worker, compute=False,
+            priority=priority,
         )  # fmt: skip
 
     def preload(self, held_out: bool) -> None:
@@ -400,13 +405,13 @@ class SUALSEngine:
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             for i in range(h.p):
                 worker = self.place.block(h, i, j)
-                x_rows = self.gather(X, lo, hi, worker, f"gather-X-batch{j}-eval")
+                x_rows = self.gather(X, lo, hi, worker, f"gather-X-batch{j}-eval", SCORING)
                 fixed = self.fixed_on(h, Theta, i, worker, it)
                 for split in splits:
                     error = self.submit(
                         tasks.block_squared_error, self.block(h, i, j, it, split, ahead),
                         x_rows, fixed, self.backend, key=f"error-{split}-batch{j}-part{i}-it{it}",
-                        worker=worker,
+                        worker=worker, priority=SCORING,
                     )  # fmt: skip
                     ahead.computed(worker, error)
                     futures[split].append(error)
@@ -430,11 +435,11 @@ class SUALSEngine:
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             for i in range(h.p):
                 worker = self.place.block(h, i, j)
-                x_rows = self.gather(X, lo, hi, worker, f"gather-X-batch{j}-loss")
+                x_rows = self.gather(X, lo, hi, worker, f"gather-X-batch{j}-loss", SCORING)
                 loss = self.submit(
                     tasks.block_implicit_loss, self.block(h, i, j, it, ahead=ahead), x_rows,
                     self.fixed_on(h, Theta, i, worker, it), self.spec, self.backend,
-                    key=f"loss-batch{j}-part{i}-it{it}", worker=worker,
+                    key=f"loss-batch{j}-part{i}-it{it}", worker=worker, priority=SCORING,
                 )  # fmt: skip
                 ahead.computed(worker, loss)
                 blocks.append(loss)
@@ -448,6 +453,7 @@ class SUALSEngine:
                     self.submit(
                         tasks.factor_terms, fut, self.counts(half, lo, hi, owner), self.spec,
                         self.backend, key=f"terms-{half.label}-piece{k}-it{it}", worker=owner,
+                        priority=SCORING,
                     )
                 )  # fmt: skip
             terms.append(futures)
@@ -460,6 +466,15 @@ class SUALSEngine:
         store = self.store
         total_confidence = store.m * store.n - store.nnz + sum(c for _, c in stored)
         return {"loss": objective / total_confidence, "objective": objective}
+
+    def drop(self, *factors: Factor) -> None:
+        """Let go of submitted half-steps that will not be used (their pieces, checks, and
+        the copies of them gathered for the next half-step): the scheduler forgets what no
+        one needs, and what has not run does not run. (Not ``Client.cancel``: cancelling
+        tasks that depend on each other in one call can fail on the scheduler.)"""
+        for factor in factors:
+            for fut in [p[2] for p in factor.pieces] + factor.checks + [*factor.placed.values()]:
+                fut.release()
 
     def release(self) -> None:
         """Let go of the resident blocks and counts held on the workers."""

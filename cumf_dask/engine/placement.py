@@ -77,8 +77,16 @@ class Pinned:
         self.compute_slots = compute_slots
 
     def __call__(
-        self, func: Callable[..., Any], *args: Any, key: str, worker: str, compute: bool = True
+        self,
+        func: Callable[..., Any],
+        *args: Any,
+        key: str,
+        worker: str,
+        compute: bool = True,
+        priority: int = 0,
     ) -> Future:
+        """`priority` > 0: ahead of tasks submitted earlier that are ready at the same time
+        (scoring iteration it before iteration it + 1, already queued, goes on)."""
         return self.client.submit(
             func,
             *args,
@@ -86,5 +94,6 @@ class Pinned:
             workers=[worker],
             allow_other_workers=False,
             pure=False,
+            priority=priority,
             resources={COMPUTE: 1} if compute and self.compute_slots else None,
         )
