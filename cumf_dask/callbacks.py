@@ -4,10 +4,11 @@
   "bands", "generate", "transpose", "update X", "train", ...); `total` is None when unknown.
 * ``Log(line)``: one human-readable line.
 * ``IterationCallback(record)``: the metrics record of a finished ALS iteration (a dict:
-  iteration, seconds, x_seconds, theta_seconds, train_rmse, test_rmse, elapsed). `seconds`
-  runs from the end of the previous iteration to the end of this one; the fit queues each
-  iteration before scoring the previous one, so that scoring (and checkpointing) overlaps
-  this iteration and is counted in its `x_seconds`.
+  iteration, seconds, x_seconds, theta_seconds, train_rmse, test_rmse, elapsed).
+  `x_seconds` runs from the end of the previous half-step (or the iteration's submission)
+  to the end of update X, `theta_seconds` from there to the end of update Theta, as the
+  workers saw them (their clocks); `seconds` is their sum. Scoring and checkpointing
+  overlap the next iteration and are in `elapsed` (this process's clock), not in these.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ every reduction on every cluster size (``.ci/run`` runs both).
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -249,3 +250,22 @@ def test_rating_blocks_never_move_between_workers(stores, clients, reference, p)
     moved = [k for keys in client.run(_incoming_keys).values() for k in keys]
     assert any(k.startswith(("gather-", "slice-", "update-")) for k in moved)
     assert not [k for k in moved if k.startswith(("load-", "counts-"))]
+
+
+def test_half_steps_are_timed_on_the_workers(stores, client2):
+    """Iteration 2 is queued before iteration 1 is reported, so it computes while a slow
+    callback runs; its seconds are its half-steps' (workers' clocks), not the callback's."""
+    calls = []
+
+    def slow(record: dict) -> None:
+        calls.append(record)
+        time.sleep(0.5)
+
+    model = ALS(F, LAM, 2, seed=0, backend="numpy", callbacks=[slow])
+    model.fit(stores[SMALL], client=client2)
+    first, second = model.metrics_
+    assert [r["iteration"] for r in calls] == [1, 2]
+    assert second["seconds"] < 0.5 <= second["elapsed"] - first["elapsed"]
+    for r in model.metrics_:
+        assert r["seconds"] == pytest.approx(r["x_seconds"] + r["theta_seconds"])
+        assert min(r["x_seconds"], r["theta_seconds"]) >= 0

@@ -30,7 +30,7 @@ from cumf_dask import checkpoint as ck
 from cumf_dask import paths
 from cumf_dask.backend.numpy_backend import NumpyBackend
 from cumf_dask.cli import main
-from cumf_dask.config import PlanConfig, load_config
+from cumf_dask.config import HalfStepConfig, PlanConfig, load_config
 from cumf_dask.data import spill
 from cumf_dask.data.bands import init_store
 from cumf_dask.data.ingest import ingest_arrays
@@ -243,6 +243,19 @@ def test_non_finite_factors_keep_the_last_good_checkpoint(store, client2, tmp_pa
     monkeypatch.setattr(NumpyBackend, "update", _UPDATES["real"])
     als.fit(store, client=client2, resume=True)
     same(als, reference)
+
+
+def test_failed_streamed_fit_leaves_no_queued_tasks(store, client2, monkeypatch):
+    """Blocks read from the store, update Theta data parallel (its reads wait on the queued
+    iteration's computations): a NaN in iteration 3 leaves nothing of iteration 4 behind."""
+    monkeypatch.setitem(_UPDATES, "calls", 0)
+    monkeypatch.setattr(NumpyBackend, "update", _update_nan_third)  # update X runs once per it
+    plan = PlanConfig(x=HalfStepConfig(p=1, q=1), theta=HalfStepConfig(p=2, q=1), blocks="store")
+    with pytest.raises(NumericalError, match="iteration 3: factor X") as err:
+        ALS(3, 0.05, 4, backend="numpy", plan=plan, evaluate=False).fit(store, client=client2)
+    # while the error (its traceback: the fit's frames) is still held
+    assert _forgotten(client2, "-it4-"), "the scheduler still holds tasks of iteration 4"
+    del err
 
 
 def test_finite_check_names_the_first_bad_piece_and_row():

@@ -467,14 +467,26 @@ class SUALSEngine:
         total_confidence = store.m * store.n - store.nnz + sum(c for _, c in stored)
         return {"loss": objective / total_confidence, "objective": objective}
 
+    def finished_at(self, *factors: Factor) -> list[float]:
+        """When each waited-for half-step ended: its last worker's check time (workers'
+        clocks, ``time.time()``)."""
+        times = self.watch.gather([fut for f in factors for fut in f.checks])
+        ends, k = [], 0
+        for f in factors:
+            ends.append(max(times[k : k + len(f.checks)]))
+            k += len(f.checks)
+        return ends
+
     def drop(self, *factors: Factor) -> None:
         """Let go of submitted half-steps that will not be used (their pieces, checks, and
         the copies of them gathered for the next half-step): the scheduler forgets what no
         one needs, and what has not run does not run. (Not ``Client.cancel``: cancelling
-        tasks that depend on each other in one call can fail on the scheduler.)"""
+        tasks that depend on each other in one call can fail on the scheduler.) The reads
+        ahead start afresh: they waited for these half-steps' computations."""
         for factor in factors:
             for fut in [p[2] for p in factor.pieces] + factor.checks + [*factor.placed.values()]:
                 fut.release()
+        self._ahead = self._read_ahead("update")
 
     def release(self) -> None:
         """Let go of the resident blocks and counts held on the workers."""

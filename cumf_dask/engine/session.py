@@ -83,9 +83,17 @@ class Session:
         return self._dask(self.X), self._dask(self.theta)
 
     def gather(self) -> tuple[np.ndarray, np.ndarray]:
-        """(X, Theta) as NumPy arrays in this process."""
-        X, Theta = self.factors_as_dask()
-        return tuple(self.client.compute([X, Theta], sync=True))  # type: ignore[return-value]
+        """(X, Theta) as NumPy arrays in this process: each piece goes to host memory on its
+        worker and comes here directly (half the time of computing the Dask arrays, which
+        first concatenates a factor on one worker), through the engine's watch (a worker
+        lost meanwhile raises WorkerLost)."""
+        backend, watch = self.engine.backend, self.engine.watch
+        out = []
+        for factor in (self.X, self.theta):
+            parts = [self.client.submit(tasks.to_host, fut, backend, pure=False)
+                     for _, _, fut in factor.pieces]  # fmt: skip
+            out.append(np.concatenate(watch.gather(parts)))
+        return out[0], out[1]
 
     def run_batches(
         self, func: Any, shared: list[np.ndarray], batches: list[tuple], name: str

@@ -6,6 +6,7 @@ looked up on the worker), so tasks are small to ship and read well in the dashbo
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -90,8 +91,9 @@ class NonFiniteFactor(ArithmeticError):
         self.count, self.row = count, row
 
 
-def check_finite(row0s: list[int], backend: str, *pieces: Any) -> None:
-    """Raise NonFiniteFactor if a piece (its first row in `row0s`) holds NaN or inf.
+def check_finite(row0s: list[int], backend: str, *pieces: Any) -> float:
+    """Raise NonFiniteFactor if a piece (its first row in `row0s`) holds NaN or inf; else
+    the time (``time.time()``) they were found finite, when their computation had ended.
 
     One task per worker and half-step, after that worker's pieces: the solving tasks return
     without waiting for the GPU, and this task waits for them (without blocking the worker's
@@ -100,7 +102,7 @@ def check_finite(row0s: list[int], backend: str, *pieces: Any) -> None:
     be = get_backend(backend)
     good = be.finite(pieces)
     if good.all():
-        return
+        return time.time()
     first = int(np.argmin(good))
     bad = ~be.xp.isfinite(pieces[first])
     raise NonFiniteFactor(int(bad.sum()), row0s[first] + int(be.xp.argmax(bad.any(axis=1))))
