@@ -470,12 +470,8 @@ class SUALSEngine:
     def finished_at(self, *factors: Factor) -> list[float]:
         """When each waited-for half-step ended: its last worker's check time (workers'
         clocks, ``time.time()``)."""
-        times = self.watch.gather([fut for f in factors for fut in f.checks])
-        ends, k = [], 0
-        for f in factors:
-            ends.append(max(times[k : k + len(f.checks)]))
-            k += len(f.checks)
-        return ends
+        times = iter(self.watch.gather([fut for f in factors for fut in f.checks]))
+        return [max(next(times) for _ in f.checks) for f in factors]
 
     def drop(self, *factors: Factor) -> None:
         """Let go of submitted half-steps that will not be used (their pieces, checks, and

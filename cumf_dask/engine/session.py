@@ -66,15 +66,16 @@ class Session:
         self.X.pieces, self.X.placed = [], {}
         self.theta.pieces, self.theta.placed = [], {}
 
+    def _on_host(self, factor: Factor) -> list[Any]:
+        """Each piece of `factor` copied to host memory on its worker (futures)."""
+        backend = self.engine.backend
+        return [self.client.submit(tasks.to_host, fut, backend, pure=False)
+                for _, _, fut in factor.pieces]  # fmt: skip
+
     def _dask(self, factor: Factor) -> da.Array:
-        backend, client = self.engine.backend, self.client
         parts = [
-            da.from_delayed(
-                client.submit(tasks.to_host, fut, backend, pure=False),
-                shape=(hi - lo, factor.f),
-                dtype=np.float32,
-            )
-            for lo, hi, fut in factor.pieces
+            da.from_delayed(part, shape=(hi - lo, factor.f), dtype=np.float32)
+            for (lo, hi, _), part in zip(factor.pieces, self._on_host(factor), strict=True)
         ]
         return da.concatenate(parts, axis=0)
 
@@ -83,17 +84,12 @@ class Session:
         return self._dask(self.X), self._dask(self.theta)
 
     def gather(self) -> tuple[np.ndarray, np.ndarray]:
-        """(X, Theta) as NumPy arrays in this process: each piece goes to host memory on its
-        worker and comes here directly (half the time of computing the Dask arrays, which
-        first concatenates a factor on one worker), through the engine's watch (a worker
-        lost meanwhile raises WorkerLost)."""
-        backend, watch = self.engine.backend, self.engine.watch
-        out = []
-        for factor in (self.X, self.theta):
-            parts = [self.client.submit(tasks.to_host, fut, backend, pure=False)
-                     for _, _, fut in factor.pieces]  # fmt: skip
-            out.append(np.concatenate(watch.gather(parts)))
-        return out[0], out[1]
+        """(X, Theta) as NumPy arrays in this process: the host pieces come here directly
+        (no concatenation on one worker first, as computing the Dask arrays would do),
+        through the engine's watch (a worker lost meanwhile raises WorkerLost)."""
+        watch = self.engine.watch
+        X, Theta = (np.concatenate(watch.gather(self._on_host(f))) for f in (self.X, self.theta))
+        return X, Theta
 
     def run_batches(
         self, func: Any, shared: list[np.ndarray], batches: list[tuple], name: str
