@@ -137,8 +137,14 @@ def test_worker_paused_for_memory_fails_with_a_plan(procs, data, monkeypatch):
     def pause_at(dask_worker, fraction):
         dask_worker.memory_manager.memory_pause_fraction = fraction
 
-    def squeeze(record):
+    def squeeze(record):  # paused before this returns: the queued iteration 2 may be done,
+        # and iteration 3 (queued next) must find the worker paused
         procs.run(pause_at, fraction=0.001, workers=[victim])
+        deadline = time.time() + 10
+        while time.time() < deadline and (
+            procs.scheduler_info(n_workers=-1)["workers"][victim]["status"] != "paused"
+        ):
+            time.sleep(0.05)
 
     started = time.perf_counter()
     try:
