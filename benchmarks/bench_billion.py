@@ -2,13 +2,17 @@
 
     python3 benchmarks/bench_billion.py --preset hugewiki --factors 100 --lam 0.05
     python3 benchmarks/bench_billion.py --preset sparkals --factors 10 --iterations 10
+    python3 benchmarks/bench_billion.py --preset facebook --scale 0.01 --factors 16 \
+        --plan blocks=auto --plan memory_budget=6GB,factors=host   # two fits, one store
 
 Generation runs on a LocalCluster of one process per core (pairs, rating values and split on
 the CPU unless --gen-gpu), so it uses the whole machine; training on a LocalCUDACluster (one
 worker per GPU, UCX over NVLink when distributed-ucxx is installed). Prints the device, the
 shape, generation rate and disk use, the plan, time to the first iteration (cluster, loading,
 compiling), seconds per iteration (median after the first), test RMSE against the planted
-noise, and peak host and GPU memory per worker; appends a JSON record to --json.
+noise, and peak host and GPU memory per worker; appends a JSON record to --json. Each
+--plan (PlanConfig fields, e.g. ``memory_budget=6GB,factors=host``) is one fit on the same
+store, on a fresh cluster.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from bench_iteration import device_name
+from distributed import get_task_stream
 
 from cumf_dask import ALS
 from cumf_dask.config import ClusterConfig, PlanConfig
@@ -67,6 +74,32 @@ def peaks(client) -> dict[str, float]:
     return {"host_gb": max(v[0] for v in values), "gpu_gb": max(v[1] for v in values)}
 
 
+def plan_config(text: str, blocks: str) -> PlanConfig:
+    """A --plan value (``key=value,...`` of PlanConfig's top-level fields) as a PlanConfig."""
+    fields: dict[str, str] = {"blocks": blocks}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--plan {text!r}: expected key=value items, got {item!r}")
+        fields[key.strip()] = value.strip()
+    return PlanConfig(**fields)  # type: ignore[arg-type]
+
+
+def print_task_seconds(records: list[dict]) -> None:
+    """Task seconds on the workers by kind (the key without numbers and run suffix): what
+    each kind of task computed, and the transfers of its inputs."""
+    totals: dict[tuple[str, str], list[float]] = {}
+    for record in records:
+        kind = re.sub(r"\d+", "#", str(record["key"]).rsplit("-", 1)[0])
+        for span in record.get("startstops", ()):
+            total = totals.setdefault((kind, span["action"]), [0.0, 0])
+            total[0] += span["stop"] - span["start"]
+            total[1] += 1
+    print(f"{'task kind':<44}{'action':>10}{'seconds':>9}{'count':>7}")
+    for (kind, action), (seconds, count) in sorted(totals.items(), key=lambda t: -t[1][0])[:16]:
+        print(f"{kind:<44}{action:>10}{seconds:>9.2f}{count:>7}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="hugewiki")
@@ -83,10 +116,20 @@ def main() -> None:
                         "compress and write")  # fmt: skip
     parser.add_argument("--blocks", default="auto", choices=["auto", "device", "host", "store"],
                         help="where R's blocks live between half-steps (plan.blocks)")
+    parser.add_argument("--plan", action="append", default=None, help="key=value,... of "
+                        "PlanConfig for one fit (repeat: several fits on one store)")  # fmt: skip
+    parser.add_argument("--score", default="final", choices=["final", "every"],
+                        help="test RMSE once after the fit, on this host (iterations timed "
+                        "alone), or train and test RMSE after every iteration on the workers "
+                        "(on one GPU the scoring runs between the next half-steps and counts "
+                        "in their seconds)")  # fmt: skip
+    parser.add_argument("--profile", action="store_true", help="print where the workers' "
+                        "time went: task seconds by kind, summed over the fit")  # fmt: skip
     parser.add_argument("--data", default="/tmp/cumf-bench")
     parser.add_argument("--keep", action="store_true", help="keep the store afterwards")
     parser.add_argument("--json")
     args = parser.parse_args()
+    plans = [plan_config(text, args.blocks) for text in args.plan or [""]]
     store, gen_seconds = generate_store(args)
     ratings = store.nnz + store.nnz_test
     disk = store.size_on_disk() or 0
@@ -94,22 +137,43 @@ def main() -> None:
     print(f"generated {args.preset} x {args.scale:g}: {store.m:,} x {store.n:,}, {ratings:,} "
           f"ratings in {gen_seconds:.1f} s ({ratings / gen_seconds / 1e6:.1f} M ratings/s), "
           f"{disk / 1e9:.1f} GB on disk")  # fmt: skip
+    record = {"date": time.strftime("%Y-%m-%d"), "device": device_name("cupy"),
+              "preset": args.preset, "scale": args.scale, "shape": [store.m, store.n],
+              "ratings": ratings, "factors": args.factors, "generation_s": gen_seconds,
+              "disk_bytes": disk}  # fmt: skip
+    for config in plans:
+        result = fit_once(store, args, config)
+        if args.json:
+            with open(args.json, "a") as fh:
+                fh.write(json.dumps({**record, **result}) + "\n")
+    if not args.keep:
+        shutil.rmtree(store.url, ignore_errors=True)
+
+
+def fit_once(store: RatingsStore, args: argparse.Namespace, config: PlanConfig) -> dict:
+    """One fit on a fresh cluster: prints the plan, each iteration, the time to the first
+    one and peak memory; returns them as a record."""
     t0 = time.perf_counter()
     with cluster_client(ClusterConfig(backend="cupy", dashboard_address=None)) as client:
         started = time.perf_counter() - t0
         extra = {"solver": args.solver} if args.solver else {}
-        model = ALS(args.factors, args.lam, args.iterations, backend="cupy",
-                    plan=PlanConfig(blocks=args.blocks), **extra)  # fmt: skip
+        model = ALS(args.factors, args.lam, args.iterations, backend="cupy", plan=config,
+                    evaluate=args.score == "every", **extra)  # fmt: skip
         t1 = time.perf_counter()
-        model.fit(store, client=client)
+        with get_task_stream(client) if args.profile else nullcontext() as stream:
+            model.fit(store, client=client)
         fit_wall = time.perf_counter() - t1
         memory = peaks(client)
         scheme = transport(client)
     its = model.metrics_
+    if args.score == "final":
+        t2 = time.perf_counter()
+        its[-1]["test_rmse"] = model.rmse(store)
+        print(f"test RMSE of the final model on the host: {time.perf_counter() - t2:.1f} s")
     steady = statistics.median(r["seconds"] for r in its[1:]) if len(its) > 1 else None
     plan = {h.label: [h.p, h.q] for h in (model.plan_.x, model.plan_.theta)}
-    print(f"plan: {plan}, blocks on the {model.plan_.blocks}, "
-          f"transport {scheme}, link {model.plan_.link / 1e9:.1f} GB/s")  # fmt: skip
+    print(f"--plan {config}")
+    print(model.plan_.table())
     print(f"{'it':>3}{'seconds':>9}{'X':>8}{'Theta':>8}{'train':>8}{'test':>8}")
     for r in its:
         print(f"{r['iteration']:>3}{r['seconds']:>9.2f}{r['x_seconds']:>8.2f}"
@@ -118,21 +182,15 @@ def main() -> None:
     print(f"cluster start {started:.1f} s; time to first iteration done (after generation) "
           f"{started + (fit_wall - sum(r['seconds'] for r in its[1:])):.1f} s; iteration 1 "
           f"{its[0]['seconds']:.1f} s (loading, compiling); steady {steady:.2f} s/iteration; "
-          f"fit wall {fit_wall:.1f} s")  # fmt: skip
+          f"fit wall {fit_wall:.1f} s; transport {scheme}")  # fmt: skip
     print(f"test RMSE {its[-1].get('test_rmse')} (planted noise {args.noise}); peak per worker:"
           f" host {memory['host_gb']:.1f} GB, GPU {memory['gpu_gb']:.1f} GB")  # fmt: skip
-    if args.json:
-        record = {"date": time.strftime("%Y-%m-%d"), "device": device_name("cupy"),
-                  "preset": args.preset, "scale": args.scale, "shape": [store.m, store.n],
-                  "ratings": ratings, "factors": args.factors, "generation_s": gen_seconds,
-                  "blocks": model.plan_.blocks,
-                  "disk_bytes": disk, "plan": plan, "transport": scheme, "fit_wall_s": fit_wall,
-                  "cluster_start_s": started, "steady_s": steady, "iterations": its,
-                  **memory}  # fmt: skip
-        with open(args.json, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
-    if not args.keep:
-        shutil.rmtree(store.url, ignore_errors=True)
+    if stream is not None:
+        print_task_seconds(stream.data)
+    return {"plan_config": str(config), "blocks": model.plan_.blocks,
+            "host_factor": model.plan_.host_factor, "plan": plan, "transport": scheme,
+            "fit_wall_s": fit_wall, "cluster_start_s": started, "steady_s": steady,
+            "iterations": its, **memory}  # fmt: skip
 
 
 if __name__ == "__main__":

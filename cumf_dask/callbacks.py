@@ -8,7 +8,10 @@
   `x_seconds` runs from the end of the previous half-step (or the iteration's submission)
   to the end of update X, `theta_seconds` from there to the end of update Theta, as the
   workers saw them (their clocks); `seconds` is their sum. Scoring and checkpointing
-  overlap the next iteration and are in `elapsed` (this process's clock), not in these.
+  overlap the next iteration and are in `elapsed` (this process's clock); where the
+  scoring's tasks run on the same GPUs between the next iteration's (they go first), the
+  time they take shows in that half-step's seconds too: time iterations without evaluation
+  (``evaluate=False``) where scoring is heavy (billions of ratings).
 """
 
 from __future__ import annotations

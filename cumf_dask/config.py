@@ -31,6 +31,7 @@ Reduction = Literal["scatter", "two-phase", "one"]
 BackendName = Literal["auto", "numpy", "cupy"]
 Protocol = Literal["auto", "tcp", "ucx"]
 BlockTier = Literal["auto", "device", "host", "store"]
+FactorTier = Literal["auto", "device", "host"]
 
 
 @dataclass
@@ -131,6 +132,11 @@ class PlanConfig:
     # workers), host (pinned host memory of GPU workers, copied over per half-step), store
     # (read again every half-step); auto: the first of these that fits
     blocks: BlockTier = "auto"
+    # where the larger factor (X when there are more users than items) lives: device (its
+    # pieces on the workers' GPUs), host (pinned host memory of GPU workers: solved batches
+    # are copied out, and the other half-step copies it in part by part); auto: device when
+    # both factors fit next to the working set
+    factors: FactorTier = "auto"
     reduction: Reduction = "scatter"  # p > 1: reduce-scatter, two-phase, or one (baseline)
     groups: list[list[int]] | None = None  # worker groups for the two-phase reduction
     headroom: str = "10%"  # per-worker memory kept free (epsilon in the paper)

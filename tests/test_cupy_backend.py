@@ -363,6 +363,25 @@ def test_finite_check_on_the_gpu(gpu):
     pieces[1][3, 2], pieces[2][0, :] = np.inf, np.nan
     assert gpu.finite([gpu.asarray(p) for p in pieces]).tolist() == [True, False, False]
     with pytest.raises(NonFiniteFactor) as err:
-        check_finite([0, 10, 16], "cupy", *(gpu.asarray(p) for p in pieces))
+        check_finite([0, 10, 16], "cupy", False, *(gpu.asarray(p) for p in pieces))
     assert (err.value.count, err.value.row) == (1, 13)
     assert gpu.finite([]).size == 0
+
+
+def test_solved_rows_for_host_memory_are_checked_on_the_gpu(gpu):
+    """A solved batch kept in host memory is checked before it is copied out (the half-step's
+    check then does not scan it on the host) and lands in pinned memory."""
+    import cupy
+
+    from cumf_dask.engine.tasks import NonFiniteFactor, _kept
+
+    X = np.random.default_rng().standard_normal((9, 4)).astype(np.float32)
+    kept = _kept(gpu, gpu.asarray(X), True, 100)
+    assert isinstance(kept, np.ndarray) and np.array_equal(kept, X)
+    assert cupy.cuda.runtime.pointerGetAttributes(kept.ctypes.data).type == 1  # host, pinned
+    X[4, 1] = np.nan
+    with pytest.raises(NonFiniteFactor) as err:
+        _kept(gpu, gpu.asarray(X), True, 100)
+    assert (err.value.count, err.value.row) == (1, 104)
+    joined = gpu.concatenate([kept[:5], kept[5:]])
+    assert isinstance(joined, np.ndarray) and np.array_equal(joined, kept)

@@ -170,6 +170,22 @@ def test_block_tiers_match_reference(stores, clients, reference, blocks, backend
         assert 1 <= most <= 2
 
 
+@pytest.mark.gpu
+def test_factor_in_host_memory_matches_reference(stores, clients, reference, tmp_path):
+    """X in pinned host memory (``plan.factors: host``): update X copies its batches out,
+    update Theta copies X in part by part (data parallel, p = 2); resumed from a checkpoint
+    for the last iteration, the reference's factors."""
+    plan = PlanConfig(x=HalfStepConfig(q=3), theta=HalfStepConfig(p=2, q=2), factors="host")
+    first = ALS(F, LAM, ITERS - 1, seed=0, backend="cupy", plan=plan, checkpoint_dir=str(tmp_path))
+    first.fit(stores[SMALL], client=clients(2))
+    assert first.plan_.host_factor == "x" and "X in pinned host memory" in first.plan_.table()
+    model = ALS(F, LAM, ITERS, seed=0, backend="cupy", plan=plan, checkpoint_dir=str(tmp_path))
+    model.fit(stores[SMALL], client=clients(2), resume=True)
+    assert [r["iteration"] for r in model.metrics_] == list(range(1, ITERS + 1))
+    assert rel_err(model.user_factors_, reference[0]) < 1e-4
+    assert rel_err(model.item_factors_, reference[1]) < 1e-4
+
+
 def test_mixed_half_steps(stores, client2, reference):
     """Update X data-parallel and update Theta model-parallel in one run."""
     plan = PlanConfig(x=HalfStepConfig(p=2, q=3), theta=HalfStepConfig(p=1, q=2))

@@ -262,10 +262,10 @@ def test_finite_check_names_the_first_bad_piece_and_row():
     """One check per worker and half-step covers all its pieces: the first bad one counts."""
     rng = np.random.default_rng()
     pieces = [rng.standard_normal((n, 4)).astype(np.float32) for n in (10, 6, 8)]
-    check_finite([0, 10, 16], "numpy", *pieces)
+    check_finite([0, 10, 16], "numpy", False, *pieces)
     pieces[1][3, 2], pieces[2][0, :] = np.inf, np.nan
     with pytest.raises(NonFiniteFactor) as err:
-        check_finite([0, 10, 16], "numpy", *pieces)
+        check_finite([0, 10, 16], "numpy", False, *pieces)
     assert (err.value.count, err.value.row) == (1, 13)
 
 

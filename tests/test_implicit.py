@@ -15,7 +15,7 @@ from test_engine import BIG, SMALL, _ids
 
 from cumf_dask.backend.objective import UpdateSpec
 from cumf_dask.blocks import coo_to_block
-from cumf_dask.config import PlanConfig
+from cumf_dask.config import HalfStepConfig, PlanConfig
 from cumf_dask.data.spill import build_store
 from cumf_dask.factors import init_factor
 from cumf_dask.implicit import ImplicitALS
@@ -194,6 +194,22 @@ def test_plans_match_reference(stores, clients, references, case, backend):
 @pytest.mark.parametrize("case", FULL, ids=_ids)
 def test_every_plan_matches_reference(stores, clients, references, case, backend):
     _check(stores, clients, references, case, backend)
+
+
+@pytest.mark.gpu
+def test_factor_in_host_memory(stores, clients, references):
+    """X in pinned host memory (``plan.factors: host``): CG warm-starts from it, G0 and the
+    objective read it from there, update Theta takes it in parts; the same factors."""
+    plan = PlanConfig(x=HalfStepConfig(q=3), theta=HalfStepConfig(p=2, q=1), factors="host")
+    model = ImplicitALS(F, LAM, ALPHA, ITERS, solver="cg", backend="cupy", plan=plan)
+    model.fit(stores[SMALL], client=clients(2))
+    X, Theta, objective = references["cg"]
+    tol_x, tol_theta, tol_objective = _tolerances(references, "cg", "cupy")
+    assert model.plan_.host_factor == "x"
+    assert rel_err(model.user_factors_, X) < tol_x
+    assert rel_err(model.item_factors_, Theta) < tol_theta
+    got = [r["objective"] for r in model.metrics_]
+    np.testing.assert_allclose(got, objective, rtol=tol_objective)
 
 
 def test_streamed_blocks(stores, client2, references):

@@ -85,6 +85,31 @@ def test_gpu_blocks_go_to_host_memory_then_to_the_store():
     assert "pinned host memory" in _gpu_plan(64, memory_budget="3GB").table()
 
 
+def _facebook_plan(budget_gb, workers=1, **cfg):
+    """Facebook x 0.01 (100M x 4.8M, 1.12B ratings, f = 16: X 6.4 GB) on 80 GB GPUs."""
+    m, n, nnz = 100_000_000, 4_800_000, 1_120_000_000
+    return make_plan(m, n, nnz, 16, workers, 80 * GB, None, None,
+                     PlanConfig(memory_budget=f"{budget_gb}GB", **cfg), "cupy",
+                     host_memory=128 * GB)  # fmt: skip
+
+
+def test_factor_goes_to_host_memory_when_it_does_not_fit():
+    assert _facebook_plan(80).host_factor is None  # R (27 GB) and X fit the GPU
+    plan = _facebook_plan(6)
+    assert plan.host_factor == "x" and plan.blocks == "host"
+    assert plan.theta.p > 1  # X comes to the GPU in parts of at most half the budget
+    assert plan.theta.peak + plan.factor_bytes() < 6 * GB * 0.9
+    assert plan.factor_bytes() == 4_800_000 * 16 * 4  # Theta stays on the GPU
+    assert "X in pinned host memory" in plan.table()
+    assert _facebook_plan(80, factors="host").host_factor == "x"  # forced
+    assert _facebook_plan(6, workers=2).host_factor is None  # half of X per worker fits
+    with pytest.raises(PlanError, match=r"plan\.factors is device .* set plan\.factors to host"):
+        _facebook_plan(6, factors="device")
+    with pytest.raises(ConfigError, match=r"plan\.factors"):
+        _facebook_plan(6, factors="disk")
+    assert _plan(1000, 500, 20_000, 8, 2, GB, factors="host").host_factor is None  # CPU
+
+
 def test_table_mentions_both_half_steps():
     text = _plan(1000, 500, 20_000, 8, 2, GB).table()
     assert "update X" in text and "update Theta" in text and "peak GB" in text

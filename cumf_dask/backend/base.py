@@ -80,6 +80,17 @@ class Backend(ABC):
         """This backend's array -> NumPy."""
         return np.asarray(x)
 
+    def host_copy(self, x: Any) -> np.ndarray:
+        """`x` kept in host memory (``plan.factors: host``); here the host is the device."""
+        return np.asarray(x)
+
+    def release_host_memory(self) -> None:  # noqa: B027 - a hook
+        """Give cached host memory back (the GPU's pinned memory pool); no-op here."""
+
+    def concatenate(self, parts: Sequence[Any]) -> Any:
+        """Row pieces of a factor joined, in the memory they are in."""
+        return self.xp.concatenate(parts, axis=0)
+
     def block_from_bands(self, bands: Bands, threads: int = 1) -> Block:
         """The CSR block of a store's decoded bands (:mod:`cumf_dask.data.assemble`), in
         this backend's memory."""

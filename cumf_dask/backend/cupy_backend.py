@@ -220,16 +220,34 @@ class _UpdateRows:
     batches: list[tuple[Any, _GramLaunches]]  # long rows in batches: (rows, their Gram)
 
 
-def pinned_copy(array: np.ndarray) -> np.ndarray:
-    """A NumPy array in page-locked host memory with the contents of `array`.
+def pinned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialized NumPy array in page-locked host memory.
 
     Allocated outside CuPy's pinned memory pool, so the memory goes back to the system
     when the array is dropped (pooled, a fit's host-tier blocks stayed in the worker's
     resident memory after it)."""
-    if array.nbytes == 0:
-        return np.array(array)
-    memory = cp.cuda.PinnedMemoryPointer(cp.cuda.PinnedMemory(array.nbytes), 0)
-    out = np.ndarray(array.shape, array.dtype, memory)
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if nbytes == 0:
+        return np.empty(shape, dtype)
+    memory = cp.cuda.PinnedMemoryPointer(cp.cuda.PinnedMemory(nbytes), 0)
+    return np.ndarray(shape, dtype, memory)
+
+
+def pooled_pinned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialized NumPy array in page-locked host memory from CuPy's pinned memory
+    pool: for arrays made again every half-step (a factor in host memory), which would pay
+    for page-locking each time (hundreds of ms per GB); ``release_host_memory`` gives the
+    pool's free memory back."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if nbytes == 0:
+        return np.empty(shape, dtype)
+    memory = cp.cuda.alloc_pinned_memory(nbytes)
+    return np.frombuffer(memory, dtype, int(np.prod(shape))).reshape(shape)
+
+
+def pinned_copy(array: np.ndarray) -> np.ndarray:
+    """A NumPy array in page-locked host memory with the contents of `array`."""
+    out = pinned_empty(array.shape, array.dtype)
     out[...] = array
     return out
 
@@ -264,6 +282,29 @@ class CupyBackend(Backend):
 
     def to_host(self, x: Any) -> np.ndarray:
         return cp.asnumpy(x)
+
+    def host_copy(self, x: Any) -> np.ndarray:
+        """`x` copied into (pooled) pinned host memory (from the device: waits for its
+        kernels)."""
+        out = pooled_pinned_empty(x.shape, x.dtype)
+        if isinstance(x, np.ndarray):
+            out[...] = x
+        else:
+            cp.ascontiguousarray(x).get(out=out)
+        return out
+
+    def release_host_memory(self) -> None:
+        """Give the pinned memory pool's free blocks back to the system."""
+        cp.get_default_pinned_memory_pool().free_all_blocks()
+
+    def concatenate(self, parts: Sequence[Any]) -> Any:
+        """Row pieces joined on the device, or in pinned host memory when they are there."""
+        if not isinstance(parts[0], np.ndarray):
+            return cp.concatenate(parts, axis=0)
+        shape = (sum(len(p) for p in parts), *parts[0].shape[1:])
+        out = pooled_pinned_empty(shape, parts[0].dtype)
+        np.concatenate(parts, axis=0, out=out)
+        return out
 
     def memory_capacity(self) -> int | None:
         """The default memory pool's limit when one is set, else the GPU's total memory."""

@@ -268,8 +268,8 @@ class _Run:
         cg = params.solver == "cg"
         if found is None:
             scale = params.init_scale
-            theta = engine.initial(store.n, params.factors, params.seed, scale=scale)
-            X = engine.initial(store.m, params.factors, params.seed, 2, scale) if cg else None
+            theta = engine.initial("theta", params.factors, params.seed, scale)
+            X = engine.initial("x", params.factors, params.seed, scale) if cg else None
             return _State(0, [], theta, X)
         start, attrs, arrays = found
         want = {"m": store.m, "n": store.n, "factors": params.factors, "kind": params.kind}
@@ -279,9 +279,9 @@ class _Run:
                 f"{self.checkpointer.directory}: the checkpoint is for {got}, this fit is "  # type: ignore[union-attr]
                 f"{want}; use another checkpoint_dir or resume=False"
             )
-        theta = engine.from_host(arrays["item_factors"])
+        theta = engine.from_host(arrays["item_factors"], "theta")
         keep_x = cg or start >= params.iterations  # CG's starting point, or the final X
-        X = engine.from_host(arrays["user_factors"]) if keep_x else None
+        X = engine.from_host(arrays["user_factors"], "x") if keep_x else None
         return _State(start, list(attrs.get("metrics", [])), theta, X, restore=start)
 
     def _recover(self, lost: WorkerLost, state: _State, losses: int) -> _State:
@@ -440,7 +440,7 @@ def _out_of_memory(
         room = int(fraction * memory) - baseline
         used = int(_dask_fraction("terminate", 0.95) * memory) - baseline
     plan = engine.plan
-    estimate = max(plan.x.peak, plan.theta.peak)
+    estimate = max(plan.x.peak, plan.theta.peak) + plan.factor_bytes()
     if plan.blocks_in_worker_memory:
         estimate += plan.block_bytes()
     factor = max(used / max(estimate, 1), 1.0)
@@ -491,12 +491,19 @@ def suggest_plan(
             "(cluster.memory_limit), use more workers, or fewer factors"
         )
     # a forced tier the plan that fits does not use must be changed too
-    tier = config.blocks not in ("auto", fits.blocks)
+    changed = {"memory_budget": mb}
+    if config.blocks not in ("auto", fits.blocks):
+        changed["blocks"] = fits.blocks
+    factors = "host" if fits.host_factor else "device"
+    if config.factors not in ("auto", factors):
+        changed["factors"] = factors
+    where = "" if fits.blocks == "device" else ", R " + BLOCK_TIERS[fits.blocks]
+    if fits.host_factor:
+        where += f", {fits.half(fits.host_factor).label} in pinned host memory"
     return (
         f"a plan that fits {mb} per worker is update X p={fits.x.p} q={fits.x.q}, update "
-        f"Theta p={fits.theta.p} q={fits.theta.q}"
-        f"{'' if fits.blocks == 'device' else ', R ' + BLOCK_TIERS[fits.blocks]}: run again "
-        f"with --set plan.memory_budget={mb}{f' --set plan.blocks={fits.blocks}' if tier else ''}"
-        f" (Python: plan=PlanConfig(memory_budget='{mb}'"
-        f"{f', blocks={fits.blocks!r}' if tier else ''}))"
+        f"Theta p={fits.theta.p} q={fits.theta.q}{where}: run again with "
+        + " ".join(f"--set plan.{k}={v}" for k, v in changed.items())
+        + " (Python: plan=PlanConfig("
+        + ", ".join(f"{k}={v!r}" for k, v in changed.items()) + "))"
     )

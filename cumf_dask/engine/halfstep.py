@@ -204,11 +204,12 @@ class SUALSEngine:
                         worker=worker, compute=False)  # fmt: skip
 
     # ------------------------------------------------------------------ factors
-    def initial(
-        self, n_rows: int, f: int, seed: int, stream: int = 1, scale: float | None = None
-    ) -> Factor:
-        """The seeded initial factor, one piece per worker (stream 1: Theta, 2: X; values
-        uniform in [0, scale), see :func:`~cumf_dask.factors.init_factor`)."""
+    def initial(self, side: str, f: int, seed: int, scale: float | None = None) -> Factor:
+        """The seeded initial factor solved by half-step `side`, one piece per worker (random
+        stream 1: Theta, 2: X; values uniform in [0, scale), see
+        :func:`~cumf_dask.factors.init_factor`)."""
+        n_rows = self.plan.half(side).n_rows
+        stream = 2 if side == "x" else 1
         bounds = balanced_bounds(n_rows, len(self.place.workers))
         pieces: list[Piece] = []
         owners = []
@@ -216,14 +217,16 @@ class SUALSEngine:
             lo, hi = bounds[k], bounds[k + 1]
             fut = self.submit(
                 tasks.initial_factor, n_rows, f, seed, lo, hi, self.backend, stream, scale,
-                key=f"init-factor{stream}-{k}", worker=self.place.piece(k),
+                self.plan.on_host(side), key=f"init-factor{stream}-{k}",
+                worker=self.place.piece(k),
             )  # fmt: skip
             pieces.append((lo, hi, fut))
             owners.append(self.place.piece(k))
         return Factor(n_rows, f, pieces, owners=owners)
 
-    def from_host(self, array: np.ndarray) -> Factor:
-        """A factor scattered to the workers from a host array (used when resuming)."""
+    def from_host(self, array: np.ndarray, side: str) -> Factor:
+        """The factor solved by half-step `side`, scattered to the workers from a host array
+        (used when resuming)."""
         bounds = balanced_bounds(len(array), len(self.place.workers))
         pieces: list[Piece] = []
         owners = []
@@ -234,7 +237,7 @@ class SUALSEngine:
             [fut] = self.client.scatter([array[lo:hi]], workers=[worker])
             if not self.backend.startswith("numpy"):
                 fut = self.submit(
-                    tasks.to_backend, fut, self.backend,
+                    tasks.to_backend, fut, self.backend, self.plan.on_host(side),
                     key=f"to-device-{k}-{uuid.uuid4().hex[:4]}", worker=worker, compute=False,
                 )  # fmt: skip
             pieces.append((lo, hi, fut))
@@ -291,7 +294,7 @@ class SUALSEngine:
             mine = [(p[0], p[2]) for p, w in zip(pieces, owners, strict=True) if w == worker]
             checks.append(self.submit(
                 tasks.check_finite, [lo for lo, _ in mine], self.backend,
-                *(fut for _, fut in mine), worker=worker, compute=False,
+                self.plan.on_host(h.side), *(fut for _, fut in mine), worker=worker, compute=False,
                 key=f"finite-{h.label}-w{self.place.index(worker)}-it{it}",
             ))  # fmt: skip
         return checks
@@ -333,8 +336,8 @@ class SUALSEngine:
             fut = self.submit(
                 tasks.update, self.block(h, 0, j, it, ahead=ahead),
                 self.fixed_on(h, fixed, 0, worker, it), self.counts(h, lo, hi, worker),
-                self.spec, self.backend, gram0, x0, key=f"update-{h.label}-batch{j}-it{it}",
-                worker=worker,
+                self.spec, self.backend, gram0, x0, self.plan.on_host(h.side), lo,
+                key=f"update-{h.label}-batch{j}-it{it}", worker=worker,
             )  # fmt: skip
             ahead.computed(worker, fut)
             pieces.append((lo, hi, fut))
@@ -383,8 +386,8 @@ class SUALSEngine:
                 x0 = self._warm(h, previous, lo + a, lo + b, target, tag)
                 fut = self.submit(
                     tasks.reduce_solve, self.counts(h, lo + a, lo + b, target), self.spec,
-                    h.f, self.backend, gram0, x0, *inputs, key=f"reduce-solve-{tag}",
-                    worker=target,
+                    h.f, self.backend, gram0, x0, self.plan.on_host(h.side), lo + a, *inputs,
+                    key=f"reduce-solve-{tag}", worker=target,
                 )  # fmt: skip
                 pieces.append((lo + a, lo + b, fut))
                 owners.append(target)
@@ -485,6 +488,9 @@ class SUALSEngine:
         self._ahead = self._read_ahead("update")
 
     def release(self) -> None:
-        """Let go of the resident blocks and counts held on the workers."""
+        """Let go of the resident blocks and counts held on the workers (and of the pinned
+        memory a factor in host memory was pooled in)."""
         self._resident.clear()
         self._ahead = self._read_ahead("update")
+        if self.plan.host_factor is not None:
+            self.client.run(tasks.release_host_memory, self.backend, workers=self.place.workers)

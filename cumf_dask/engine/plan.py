@@ -19,20 +19,26 @@ predicts faster; and the rating blocks of both orientations are loaded once and 
 the workers' memory when they fit next to the working set (``device``), else on GPU workers
 in pinned host memory, copied to the GPU by each half-step (``host``: at most half of the
 worker's host memory limit, below Dask's spill threshold), else read from the store by each
-half-step (``store``, one block ahead of the computation).
-Partition boundaries balance ratings, not rows, so skewed data loads workers evenly.
+half-step (``store``, one block ahead of the computation). The factors' pieces stay on the
+workers' devices when both fit next to the working set; else (GPU workers, the paper's
+Facebook case) the larger factor lives in pinned host memory: its half-step copies each
+solved batch out, and the other half-step copies it in one part at a time (the part is the
+"fixed part" of the memory model, so a factor that does not fit makes that half-step data
+parallel). Partition boundaries balance ratings, not rows, so skewed data loads workers
+evenly.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from ..checks import check_choice
-from ..config import BlockTier, PlanConfig, parse_size
+from ..config import BlockTier, FactorTier, PlanConfig, parse_size
 from ..devices import nvml_groups
 from ..errors import ConfigError, PlanError
 from .costs import ASSUMED_LINK, half_step_cost
@@ -48,6 +54,7 @@ BLOCK_TIERS = {
     "host": "in pinned host memory, copied to the GPUs each half-step",
     "store": "streamed from the store",
 }
+FACTOR_TIERS = ("auto", "device", "host")
 
 
 @dataclass
@@ -100,10 +107,20 @@ class Plan:
     link: float = math.inf  # bytes/s between workers the costs assume
     link_measured: bool = False  # measured on the cluster, else assumed from the transport
     held_out: int = 0  # held-out ratings whose blocks are kept too (the test RMSE's)
+    host_factor: Side | None = None  # the factor kept in pinned host memory (None: none)
 
     def block_bytes(self) -> int:
         """Bytes of rating blocks per worker (:func:`block_bytes`)."""
         return block_bytes(self.x.nnz, self.held_out, self.workers)
+
+    def factor_bytes(self) -> int:
+        """Bytes of the factors' pieces per worker on the devices (not the host factor's)."""
+        return sum(factor_bytes(h.n_rows, h.f, self.workers) for h in (self.x, self.theta)
+                   if h.side != self.host_factor)  # fmt: skip
+
+    def on_host(self, side: str) -> bool:
+        """Whether the factor solved by half-step `side` lives in host memory."""
+        return side == self.host_factor
 
     def half(self, side: str) -> HalfStepPlan:
         return self.x if side == "x" else self.theta
@@ -127,7 +144,9 @@ class Plan:
         lines = [
             f"workers: {self.workers} ({self.backend}), budget {self.budget / gb:.2f} GB per "
             f"worker, R {BLOCK_TIERS[self.blocks]}, "
-            f"reduction: {self.reduction if max(self.x.p, self.theta.p) > 1 else 'none (p = 1)'}",
+            f"reduction: {self.reduction if max(self.x.p, self.theta.p) > 1 else 'none (p = 1)'}"
+            + (f", {self.half(self.host_factor).label} in pinned host memory"
+               if self.host_factor else ""),
             f"{'half-step':<14}{'p':>4}{'q':>6}{'rows/batch':>12}{'fixed/part':>12}"
             f"{'R/block':>12}{'A,B/batch':>12}{'peak GB':>9}{'moved MB':>10}{'predicted s':>12}",
         ]
@@ -152,6 +171,11 @@ class Plan:
                    else "both half-steps replicate the fixed factor or are forced")
             )  # fmt: skip
         return "\n".join(lines)
+
+
+def factor_bytes(n_rows: int, f: int, workers: int) -> int:
+    """Bytes per worker of the pieces of a factor of `n_rows` rows."""
+    return math.ceil(n_rows / workers) * f * BYTES
 
 
 def block_bytes(nnz: int, held_out: int, workers: int) -> int:
@@ -198,7 +222,9 @@ def balanced_bounds(counts: np.ndarray | int, parts: int) -> list[int]:
     return RowShares(counts).bounds(parts)
 
 
-def _memory(n_rows: int, n_cols: int, nnz: int, f: int, p: int, q: int, fused: bool) -> dict:
+def _memory(
+    n_rows: int, n_cols: int, nnz: int, f: int, p: int, q: int, fused: bool, workers: int
+) -> dict:
     rows = math.ceil(n_rows / q)
     est = {
         "solved batch": rows * f * BYTES,
@@ -208,6 +234,8 @@ def _memory(n_rows: int, n_cols: int, nnz: int, f: int, p: int, q: int, fused: b
     }
     if not (fused and p == 1):
         est["A"] = rows * f * f * BYTES
+    if p > 1:  # a worker's packed partial (A, B) of a batch, one per part it holds
+        est["partials"] = math.ceil(p / workers) * rows * (f * (f + 1) // 2 + f) * BYTES
     return est
 
 
@@ -229,7 +257,9 @@ def _half_step(
 
     Its ``predicted`` cost is filled in by make_plan, which knows the link.
     """
-    fits = lambda p_, q_: sum(_memory(n_rows, n_cols, nnz, f, p_, q_, fused).values()) < budget  # noqa: E731
+    def fits(p_: int, q_: int) -> bool:
+        return sum(_memory(n_rows, n_cols, nnz, f, p_, q_, fused, workers).values()) < budget
+
     q_max = max(1, n_rows)
     if p is None:
         if fits(1, q_max) or (q is not None and fits(1, q)):
@@ -248,7 +278,7 @@ def _half_step(
             q = max(q, min(workers, q_max))
     p = max(1, min(p, n_cols))
     q = max(1, min(q, n_rows))
-    memory = _memory(n_rows, n_cols, nnz, f, p, q, fused)
+    memory = _memory(n_rows, n_cols, nnz, f, p, q, fused, workers)
     if sum(memory.values()) >= budget:
         raise PlanError(
             f"update {side}: p={p}, q={q} needs {sum(memory.values()) / 1e9:.2f} GB per worker, "
@@ -320,28 +350,38 @@ def make_plan(
     cc = RowShares(n if col_counts is None else col_counts)
     sides = {"x": (m, n, rc, cc, config.x), "theta": (n, m, cc, rc, config.theta)}
 
-    def half(side: Side, p: int | None, q: int | None) -> HalfStepPlan:
-        rows, cols, rc, cc, _ = sides[side]
-        return _half_step(side, rows, cols, nnz, f, workers, usable, rc, cc, p=p, q=q,
-                          fused=backend == "cupy")  # fmt: skip
-
     forced = {
         side: (sc.p if sc.p is not None else config.p, sc.q if sc.q is not None else config.q)
         for side, (*_, sc) in sides.items()
     }
     link_bw = link if link is not None else ASSUMED_LINK.get(transport, ASSUMED_LINK["tcp"])
-    x, theta = (half(side, *forced[side]) for side in ("x", "theta"))  # type: ignore[arg-type]
-    for h, other in ((x, theta), (theta, x)):
-        _price(h, other, workers, backend, link_bw)
-    candidates = [(x, theta)]
-    if workers > 1:
-        for side in ("x", "theta"):
-            alternative = _aligned(side, x, theta, forced, half, workers, backend, link_bw)
-            if alternative is not None:
-                candidates.append(alternative)
-    x, theta = min(candidates, key=lambda c: c[0].predicted["seconds"] + c[1].predicted["seconds"])
-    blocks = _block_tier(config.blocks, block_bytes(nnz, held_out, workers),
-                         max(x.peak, theta.peak), usable, backend, host_memory)  # fmt: skip
+
+    def half_steps(room: int) -> tuple[HalfStepPlan, HalfStepPlan]:
+        """The fastest predicted (x, theta) whose working memory fits `room` per worker."""
+
+        def half(side: Side, p: int | None, q: int | None) -> HalfStepPlan:
+            rows, cols, rc, cc, _ = sides[side]
+            return _half_step(side, rows, cols, nnz, f, workers, room, rc, cc, p=p, q=q,
+                              fused=backend == "cupy")  # fmt: skip
+
+        x, theta = (half(side, *forced[side]) for side in ("x", "theta"))  # type: ignore[arg-type]
+        for h, other in ((x, theta), (theta, x)):
+            _price(h, other, workers, backend, link_bw)
+        candidates = [(x, theta)]
+        if workers > 1:
+            for side in ("x", "theta"):
+                alternative = _aligned(side, x, theta, forced, half, workers, backend, link_bw)
+                if alternative is not None:
+                    candidates.append(alternative)
+        return min(candidates, key=lambda c: c[0].predicted["seconds"] + c[1].predicted["seconds"])
+
+    sizes = {"x": factor_bytes(m, f, workers), "theta": factor_bytes(n, f, workers)}
+    host_factor, (x, theta) = _factor_tier(config.factors, sizes, usable, backend, half_steps)
+    working = max(x.peak, theta.peak)
+    on_device = sum(size for side, size in sizes.items() if side != host_factor)
+    host_taken = 2 * sizes[host_factor] if host_factor else 0  # pieces, and parts gathered
+    blocks = _block_tier(config.blocks, block_bytes(nnz, held_out, workers), working + on_device,
+                         usable, backend, host_memory, host_taken)  # fmt: skip
     if groups is not None:
         flat = sorted(w for g in groups for w in g)
         if flat != list(range(workers)):
@@ -351,21 +391,58 @@ def make_plan(
     return Plan(
         x=x, theta=theta, workers=workers, budget=budget, blocks=blocks,
         reduction=config.reduction, groups=groups, backend=backend, link=link_bw,
-        link_measured=link is not None, held_out=held_out,
+        link_measured=link is not None, held_out=held_out, host_factor=host_factor,
     )  # fmt: skip
+
+
+def _factor_tier(
+    wanted: FactorTier,
+    sizes: dict[str, int],
+    usable: int,
+    backend: str,
+    half_steps: Callable[[int], tuple[HalfStepPlan, HalfStepPlan]],
+) -> tuple[Side | None, tuple[HalfStepPlan, HalfStepPlan]]:
+    """Which factor lives in host memory (None: both on the devices, see the module doc),
+    and the half-steps planned in the room the factors on the devices leave. `sizes`: each
+    factor's bytes per worker. On CPU workers the host is the device: always None there."""
+    check_choice("plan.factors", wanted, FACTOR_TIERS)
+    larger: Side = "x" if sizes["x"] >= sizes["theta"] else "theta"
+    if backend != "cupy":
+        return None, half_steps(usable)
+    label = {"x": "X", "theta": "Theta"}
+    gb = 1e9
+    if wanted != "host":
+        try:
+            return None, half_steps(usable - sum(sizes.values()))
+        except PlanError:
+            if wanted == "device":
+                raise PlanError(
+                    f"plan.factors is device but X and Theta take {sum(sizes.values()) / gb:.2f} "
+                    f"GB per worker, too much to leave room for the half-steps in the "
+                    f"{usable / gb:.2f} GB budget; set plan.factors to host (or auto)"
+                ) from None
+    smaller = sizes["theta" if larger == "x" else "x"]
+    try:
+        return larger, half_steps(usable - smaller)
+    except PlanError as exc:
+        raise PlanError(
+            f"{exc} (with {label[larger]} in host memory and "
+            f"{smaller / gb:.2f} GB of the budget for the other factor)"
+        ) from None
 
 
 def _block_tier(
     wanted: BlockTier, size: float, working: int, usable: int, backend: str,
-    host_memory: int | None,
+    host_memory: int | None, host_taken: int = 0,
 ) -> BlockTier:
-    """Where `size` bytes of blocks per worker live (see the module doc). On CPU workers the
+    """Where `size` bytes of blocks per worker live (see the module doc), next to `working`
+    bytes on the device and `host_taken` in host memory (a factor there). On CPU workers the
     host is the device, so ``host`` there is ``device``; a GPU plan without the workers'
     host memory (`host_memory` None) never picks ``host`` by itself."""
     check_choice("plan.blocks", wanted, ("auto", "device", "host", "store"))
     if backend != "cupy" and wanted == "host":
         wanted = "device"
-    host_room = (host_memory or 0) * HOST_SHARE
+    host_room = (host_memory or 0) * HOST_SHARE - host_taken
     fits = {
         "device": working + size < usable,
         "host": backend == "cupy" and size < host_room,
@@ -378,6 +455,7 @@ def _block_tier(
             f"{usable / 1e9:.2f} GB per worker with {working / 1e9:.2f} GB of working memory"
             if wanted == "device"
             else f"half of the host memory limit ({(host_memory or 0) / 1e9:.2f} GB)"
+            + (f" less {host_taken / 1e9:.2f} GB for a factor" if host_taken else "")
         )
         others = [t for t in ("device", "host", "store") if t != wanted and fits[t]]
         raise PlanError(

@@ -7,6 +7,7 @@ looked up on the worker), so tasks are small to ship and read well in the dashbo
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -65,12 +66,15 @@ def initial_factor(
     backend: str,
     stream: int = 1,
     scale: float | None = None,
+    host: bool = False,
 ) -> Any:
-    return get_backend(backend).asarray(init_factor(n_rows, f, seed, lo, hi, stream, scale))
+    """Rows [lo, hi) of the seeded initial factor, on the device (`host`: in host memory)."""
+    return to_backend(init_factor(n_rows, f, seed, lo, hi, stream, scale), backend, host)
 
 
 def assemble(lo: int, hi: int, backend: str, pieces: list[tuple[int, int, Any]]) -> Any:
-    """Rows [lo, hi) of a factor from pieces (start, stop, array) that cover them."""
+    """Rows [lo, hi) of a factor from pieces (start, stop, array) that cover them, in the
+    memory the pieces are in (a factor in host memory is copied to the GPU by its users)."""
     be = get_backend(backend)
     parts = []
     for start, stop, arr in sorted(pieces, key=lambda t: t[0]):
@@ -79,7 +83,7 @@ def assemble(lo: int, hi: int, backend: str, pieces: list[tuple[int, int, Any]])
             parts.append(arr[a - start : b - start])
     if len(parts) == 1:
         return parts[0]
-    return be.xp.concatenate(parts, axis=0)
+    return be.concatenate(parts)
 
 
 class NonFiniteFactor(ArithmeticError):
@@ -91,21 +95,38 @@ class NonFiniteFactor(ArithmeticError):
         self.count, self.row = count, row
 
 
-def check_finite(row0s: list[int], backend: str, *pieces: Any) -> float:
+def check_finite(row0s: list[int], backend: str, checked: bool, *pieces: Any) -> float:
     """Raise NonFiniteFactor if a piece (its first row in `row0s`) holds NaN or inf; else
     the time (``time.time()``) they were found finite, when their computation had ended.
 
     One task per worker and half-step, after that worker's pieces: the solving tasks return
     without waiting for the GPU, and this task waits for them (without blocking the worker's
-    other thread on the GPU: :meth:`~cumf_dask.backend.base.Backend.finite`).
+    other thread on the GPU: :meth:`~cumf_dask.backend.base.Backend.finite`). `checked`:
+    the pieces are in host memory and were checked on the device by the tasks that copied
+    them out (:func:`_kept`), which had waited for the GPU: not scanned again on the host.
     """
-    be = get_backend(backend)
+    if not checked:
+        _raise_if_non_finite(get_backend(backend), pieces, row0s)
+    return time.time()
+
+
+def _raise_if_non_finite(be: Any, pieces: Sequence[Any], row0s: Sequence[int]) -> None:
     good = be.finite(pieces)
     if good.all():
-        return time.time()
+        return
     first = int(np.argmin(good))
     bad = ~be.xp.isfinite(pieces[first])
     raise NonFiniteFactor(int(bad.sum()), row0s[first] + int(be.xp.argmax(bad.any(axis=1))))
+
+
+def _kept(be: Any, X: Any, host: bool, row0: int) -> Any:
+    """Solved rows as the half-step keeps them: on the device, or (`host`) checked for NaN
+    and inf here, on the device, then copied to host memory (``plan.factors: host``).
+    `row0`: their first row in the factor (named by a NonFiniteFactor)."""
+    if not host:
+        return X
+    _raise_if_non_finite(be, [X], [row0])
+    return be.host_copy(X)
 
 
 def update(
@@ -116,13 +137,18 @@ def update(
     backend: str,
     gram0: Any = None,
     x0: Any = None,
+    host: bool = False,
+    row0: int = 0,
 ) -> Any:
     """p == 1: hermitian and solve of one batch, on the worker holding the whole fixed factor.
 
-    gram0: the fixed factor's Gram (implicit); x0: the batch's previous rows (CG)."""
+    gram0: the fixed factor's Gram (implicit); x0: the batch's previous rows (CG); host,
+    row0: the solved rows (from row `row0` of the factor) go to host memory (:func:`_kept`).
+    """
     be = get_backend(backend)
     with out_of_memory_as(_on(block), _SMALLER):
-        return be.update(block, be.prepare_fixed(fixed), counts, spec, gram0=gram0, x0=x0)
+        X = be.update(block, be.prepare_fixed(fixed), counts, spec, gram0=gram0, x0=x0)
+    return _kept(be, X, host, row0)
 
 
 def hermitian_slices(
@@ -176,12 +202,16 @@ def reduce_solve(
     backend: str,
     gram0: Any,
     x0: Any,
+    host: bool,
+    row0: int,
     *partials: tuple[Any, Any],
 ) -> Any:
-    """Final reduction of one slice, then the solve (G0 and the regularization added here)."""
+    """Final reduction of one slice, then the solve (G0 and the regularization added here);
+    `host`, `row0`: as for :func:`update`."""
     be = get_backend(backend)
     A, B = sum_partials(*partials)
-    return be.solve(be.unpack(A, f), B, counts, spec, gram0=gram0, x0=x0)
+    X = be.solve(be.unpack(A, f), B, counts, spec, gram0=gram0, x0=x0)
+    return _kept(be, X, host, row0)
 
 
 def block_squared_error(block: Block, x_rows: Any, fixed: Any, backend: str) -> tuple[float, int]:
@@ -197,14 +227,16 @@ def block_implicit_loss(
     be = get_backend(backend)
     if block.nnz == 0:
         return 0.0, 0.0
-    block = be.block_to_device(block)  # a host-tier block comes as host arrays
+    block = be.block_to_device(block)  # a host-tier block (or factor) comes as host arrays
     rows = be.row_of(block)
+    x_rows, fixed = be.asarray(x_rows), be.asarray(fixed)
     return be.implicit_terms(x_rows, fixed, rows, block.indices, block.values, spec)
 
 
 def factor_terms(piece: Any, counts: Any, spec: UpdateSpec, backend: str) -> tuple[Any, float]:
     """(Gram, sum_u reg_u |x_u|^2 / lam) of one piece of a factor (counts: its rows' n_u)."""
     be = get_backend(backend)
+    piece = be.asarray(piece)  # a factor in host memory is copied over
     norms = (piece * piece).sum(axis=1)
     weights = counts.astype(norms.dtype) if spec.weighted else 1
     return np.asarray(be.to_host(be.gram(piece)), np.float64), float((norms * weights).sum())
@@ -282,10 +314,17 @@ def nbytes(arr: Any) -> int:
     return int(arr.nbytes)
 
 
+def release_host_memory(backend: str) -> None:
+    """Give the worker's cached host memory back (:meth:`Backend.release_host_memory`)."""
+    get_backend(backend).release_host_memory()
+
+
 def to_host(arr: Any, backend: str) -> np.ndarray:
     return get_backend(backend).to_host(arr)
 
 
-def to_backend(array: np.ndarray, backend: str) -> Any:
-    return get_backend(backend).asarray(array)
+def to_backend(array: np.ndarray, backend: str, host: bool = False) -> Any:
+    """A host array in the backend's memory (`host`: kept in host memory, pinned on a GPU)."""
+    be = get_backend(backend)
+    return be.host_copy(array) if host else be.asarray(array)
 
