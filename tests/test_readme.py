@@ -138,5 +138,13 @@ def test_client_left_open_at_exit_is_quiet(checkout):
     """))
     proc = run(f"{sys.executable} {script.name}", checkout)
     assert proc.stdout.strip() == "(1, 3)"
-    quiet = "lose already computed" not in proc.stderr and "Traceback" not in proc.stderr
+    loud = _without_info_records(proc.stderr)
+    quiet = not any(word in loud for word in ("lose already computed", "Traceback", "WARNING"))
     assert quiet, proc.stderr[-3000:]
+
+
+def _without_info_records(stderr: str) -> str:
+    """stderr without Dask's INFO log records (with their tracebacks: a comm closed while the
+    in-process cluster shuts down logs one at INFO now and then, which is not a warning)."""
+    records = re.split(r"(?m)^(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ - )", stderr)
+    return "".join(r for r in records if not re.match(r"[\d\- :,]+ - [\w.]+ - INFO - ", r))
