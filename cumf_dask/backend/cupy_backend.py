@@ -220,29 +220,22 @@ class _UpdateRows:
     batches: list[tuple[Any, _GramLaunches]]  # long rows in batches: (rows, their Gram)
 
 
-def pinned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+def pinned_empty(shape: tuple[int, ...], dtype: Any, pooled: bool = False) -> np.ndarray:
     """An uninitialized NumPy array in page-locked host memory.
 
-    Allocated outside CuPy's pinned memory pool, so the memory goes back to the system
-    when the array is dropped (pooled, a fit's host-tier blocks stayed in the worker's
-    resident memory after it)."""
+    By default allocated outside CuPy's pinned memory pool, so the memory goes back to the
+    system when the array is dropped (pooled, a fit's host-tier blocks stayed in the
+    worker's resident memory after it). `pooled`: from the pool, for arrays made again every
+    half-step (a factor in host memory), which would pay for page-locking each time
+    (hundreds of ms per GB); ``release_host_memory`` gives the pool's free memory back."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if nbytes == 0:
         return np.empty(shape, dtype)
-    memory = cp.cuda.PinnedMemoryPointer(cp.cuda.PinnedMemory(nbytes), 0)
+    if pooled:
+        memory = cp.cuda.alloc_pinned_memory(nbytes)
+    else:
+        memory = cp.cuda.PinnedMemoryPointer(cp.cuda.PinnedMemory(nbytes), 0)
     return np.ndarray(shape, dtype, memory)
-
-
-def pooled_pinned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """An uninitialized NumPy array in page-locked host memory from CuPy's pinned memory
-    pool: for arrays made again every half-step (a factor in host memory), which would pay
-    for page-locking each time (hundreds of ms per GB); ``release_host_memory`` gives the
-    pool's free memory back."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    if nbytes == 0:
-        return np.empty(shape, dtype)
-    memory = cp.cuda.alloc_pinned_memory(nbytes)
-    return np.frombuffer(memory, dtype, int(np.prod(shape))).reshape(shape)
 
 
 def pinned_copy(array: np.ndarray) -> np.ndarray:
@@ -286,7 +279,7 @@ class CupyBackend(Backend):
     def host_copy(self, x: Any) -> np.ndarray:
         """`x` copied into (pooled) pinned host memory (from the device: waits for its
         kernels)."""
-        out = pooled_pinned_empty(x.shape, x.dtype)
+        out = pinned_empty(x.shape, x.dtype, pooled=True)
         if isinstance(x, np.ndarray):
             out[...] = x
         else:
@@ -302,7 +295,7 @@ class CupyBackend(Backend):
         if not isinstance(parts[0], np.ndarray):
             return cp.concatenate(parts, axis=0)
         shape = (sum(len(p) for p in parts), *parts[0].shape[1:])
-        out = pooled_pinned_empty(shape, parts[0].dtype)
+        out = pinned_empty(shape, parts[0].dtype, pooled=True)
         np.concatenate(parts, axis=0, out=out)
         return out
 

@@ -406,10 +406,9 @@ def _factor_tier(
     and the half-steps planned in the room the factors on the devices leave. `sizes`: each
     factor's bytes per worker. On CPU workers the host is the device: always None there."""
     check_choice("plan.factors", wanted, FACTOR_TIERS)
-    larger: Side = "x" if sizes["x"] >= sizes["theta"] else "theta"
     if backend != "cupy":
         return None, half_steps(usable)
-    label = {"x": "X", "theta": "Theta"}
+    larger: Side = "x" if sizes["x"] >= sizes["theta"] else "theta"
     gb = 1e9
     if wanted != "host":
         try:
@@ -426,7 +425,7 @@ def _factor_tier(
         return larger, half_steps(usable - smaller)
     except PlanError as exc:
         raise PlanError(
-            f"{exc} (with {label[larger]} in host memory and "
+            f"{exc} (with {'X' if larger == 'x' else 'Theta'} in host memory and "
             f"{smaller / gb:.2f} GB of the budget for the other factor)"
         ) from None
 
