@@ -202,12 +202,28 @@ _UPDATES = {"calls": 0, "real": NumpyBackend.update}
 
 def _update_nan_third(self, *args, **kwargs):
     """NumpyBackend.update, NaN in row 7 on its third call (iteration 2's update X with p = q =
-    1). In-process workers run it (tasks are pickled by reference: one shared counter)."""
+    1). In-process workers run it (tasks are pickled by reference: one shared counter), so
+    tests start it only once the workers are quiet (`_count_updates_from_now`)."""
     _UPDATES["calls"] += 1
     out = _UPDATES["real"](self, *args, **kwargs)
     if _UPDATES["calls"] == 3:
         out[7:9, 1] = np.nan
     return out
+
+
+def _count_updates_from_now(client, monkeypatch) -> None:
+    """Patch in `_update_nan_third` once no worker runs a task: a fit that failed just before
+    (an earlier test's) may still run tasks it had started, and those would count."""
+    deadline = time.monotonic() + 10.0
+
+    def busy(dask_worker) -> int:
+        return len(dask_worker.state.executing)
+
+    while any(client.processing().values()) or any(client.run(busy).values()):
+        assert time.monotonic() < deadline, "the workers still run tasks of an earlier fit"
+        time.sleep(0.05)
+    monkeypatch.setitem(_UPDATES, "calls", 0)
+    monkeypatch.setattr(NumpyBackend, "update", _update_nan_third)
 
 
 def _forgotten(client, part: str, timeout: float = 5.0) -> bool:
@@ -226,8 +242,7 @@ def _forgotten(client, part: str, timeout: float = 5.0) -> bool:
 
 def test_non_finite_factors_keep_the_last_good_checkpoint(store, client2, tmp_path, monkeypatch,
                                                           reference):  # fmt: skip
-    monkeypatch.setitem(_UPDATES, "calls", 0)
-    monkeypatch.setattr(NumpyBackend, "update", _update_nan_third)
+    _count_updates_from_now(client2, monkeypatch)
     ckpt = str(tmp_path / "ckpt")
     als = ALS(3, 0.05, 3, backend="numpy", plan=PlanConfig(p=1, q=1), checkpoint_dir=ckpt)
     with pytest.raises(NumericalError) as err:
@@ -248,8 +263,7 @@ def test_non_finite_factors_keep_the_last_good_checkpoint(store, client2, tmp_pa
 def test_failed_streamed_fit_leaves_no_queued_tasks(store, client2, monkeypatch):
     """Blocks read from the store, update Theta data parallel (its reads wait on the queued
     iteration's computations): a NaN in iteration 3 leaves nothing of iteration 4 behind."""
-    monkeypatch.setitem(_UPDATES, "calls", 0)
-    monkeypatch.setattr(NumpyBackend, "update", _update_nan_third)  # update X runs once per it
+    _count_updates_from_now(client2, monkeypatch)  # update X runs once per iteration
     plan = PlanConfig(x=HalfStepConfig(p=1, q=1), theta=HalfStepConfig(p=2, q=1), blocks="store")
     with pytest.raises(NumericalError, match="iteration 3: factor X") as err:
         ALS(3, 0.05, 4, backend="numpy", plan=plan, evaluate=False).fit(store, client=client2)
