@@ -18,6 +18,7 @@ from reference import reference_als
 
 from cumf_dask.config import HalfStepConfig, PlanConfig
 from cumf_dask.data.spill import build_store
+from cumf_dask.engine import fit as fit_module
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
 
@@ -173,15 +174,37 @@ def test_block_tiers_match_reference(stores, clients, reference, blocks, backend
 @pytest.mark.gpu
 def test_factor_in_host_memory_matches_reference(stores, clients, reference, tmp_path):
     """X in pinned host memory (``plan.factors: host``): update X copies its batches out,
-    update Theta copies X in part by part (data parallel, p = 2); resumed from a checkpoint
+    update Theta copies X in part by part, each once (data parallel, p = 3 on 2 workers: one
+    worker sums two parts' partials); resumed from a checkpoint
     for the last iteration, the reference's factors."""
-    plan = PlanConfig(x=HalfStepConfig(q=3), theta=HalfStepConfig(p=2, q=2), factors="host")
+    plan = PlanConfig(x=HalfStepConfig(q=3), theta=HalfStepConfig(p=3, q=2), factors="host")
     first = ALS(F, LAM, ITERS - 1, seed=0, backend="cupy", plan=plan, checkpoint_dir=str(tmp_path))
     first.fit(stores[SMALL], client=clients(2))
-    assert first.plan_.host_factor == "x" and "X in pinned host memory" in first.plan_.table()
+    assert first.plan_.host_factor == "x" and first.plan_.theta.parts_outer
+    assert "X in pinned host memory (copied in once per half-step)" in first.plan_.table()
     model = ALS(F, LAM, ITERS, seed=0, backend="cupy", plan=plan, checkpoint_dir=str(tmp_path))
     model.fit(stores[SMALL], client=clients(2), resume=True)
     assert [r["iteration"] for r in model.metrics_] == list(range(1, ITERS + 1))
+    assert rel_err(model.user_factors_, reference[0]) < 1e-4
+    assert rel_err(model.item_factors_, reference[1]) < 1e-4
+
+
+def test_parts_outer_schedule_matches_reference(stores, clients, reference, monkeypatch):
+    """The schedule of a fixed factor in pinned host memory (``plan.factors: host`` on GPU
+    workers), run on CPU workers: update Theta (p = 3 on 2 workers) assembles each part of X
+    once and sums every batch's partials part by part, update X (p = 1) assembles Theta once
+    per worker; the same factors."""
+    make_plan = fit_module.make_plan
+
+    def parts_outer(*args, **kwargs):
+        plan = make_plan(*args, **kwargs)
+        plan.x.parts_outer = plan.theta.parts_outer = True
+        return plan
+
+    monkeypatch.setattr(fit_module, "make_plan", parts_outer)
+    model = _fit(stores[BIG], clients(2), x=HalfStepConfig(p=1, q=3),
+                 theta=HalfStepConfig(p=3, q=2))  # fmt: skip
+    assert model.plan_.theta.parts_outer and model.plan_.theta.p == 3
     assert rel_err(model.user_factors_, reference[0]) < 1e-4
     assert rel_err(model.item_factors_, reference[1]) < 1e-4
 

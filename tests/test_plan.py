@@ -100,7 +100,12 @@ def test_factor_goes_to_host_memory_when_it_does_not_fit():
     assert plan.theta.p > 1  # X comes to the GPU in parts of at most half the budget
     assert plan.theta.peak + plan.factor_bytes() < 6 * GB * 0.9
     assert plan.factor_bytes() == 4_800_000 * 16 * 4  # Theta stays on the GPU
-    assert "X in pinned host memory" in plan.table()
+    # X crosses to the GPU once per half-step: the sums of all of Theta's batches fit
+    assert plan.theta.parts_outer and plan.theta.copied_in == pytest.approx(6.4e9, rel=1e-6)
+    assert "X in pinned host memory (copied in once per half-step)" in plan.table()
+    tight = _facebook_plan(3.5)  # they do not: X crosses once per batch
+    assert not tight.theta.parts_outer and tight.theta.copied_in >= tight.theta.q * 6.4e9
+    assert "(copied in once per batch)" in tight.table()
     assert _facebook_plan(80, factors="host").host_factor == "x"  # forced
     assert _facebook_plan(6, workers=2).host_factor is None  # half of X per worker fits
     with pytest.raises(PlanError, match=r"plan\.factors is device .* set plan\.factors to host"):

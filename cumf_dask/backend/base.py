@@ -87,8 +87,9 @@ class Backend(ABC):
     def release_host_memory(self) -> None:  # noqa: B027 - a hook
         """Give cached host memory back (the GPU's pinned memory pool); no-op here."""
 
-    def concatenate(self, parts: Sequence[Any]) -> Any:
-        """Row pieces of a factor joined, in the memory they are in."""
+    def concatenate(self, parts: Sequence[Any], on_device: bool = False) -> Any:
+        """Row pieces of a factor joined, in the memory they are in (`on_device`: on the
+        device wherever they are; here the host is the device)."""
         return self.xp.concatenate(parts, axis=0)
 
     def block_from_bands(self, bands: Bands, threads: int = 1) -> Block:

@@ -290,13 +290,26 @@ class CupyBackend(Backend):
         """Give the pinned memory pool's free blocks back to the system."""
         cp.get_default_pinned_memory_pool().free_all_blocks()
 
-    def concatenate(self, parts: Sequence[Any]) -> Any:
-        """Row pieces joined on the device, or in pinned host memory when they are there."""
-        if not isinstance(parts[0], np.ndarray):
+    def concatenate(self, parts: Sequence[Any], on_device: bool = False) -> Any:
+        """Row pieces joined on the device, or in pinned host memory when they are there
+        (`on_device`: on the device, each piece in host memory copied straight into its
+        rows: no joined copy in host memory first)."""
+        if not on_device and isinstance(parts[0], np.ndarray):
+            shape = (sum(len(p) for p in parts), *parts[0].shape[1:])
+            out = pinned_empty(shape, parts[0].dtype, pooled=True)
+            np.concatenate(parts, axis=0, out=out)
+            return out
+        if all(not isinstance(p, np.ndarray) for p in parts):
             return cp.concatenate(parts, axis=0)
-        shape = (sum(len(p) for p in parts), *parts[0].shape[1:])
-        out = pinned_empty(shape, parts[0].dtype, pooled=True)
-        np.concatenate(parts, axis=0, out=out)
+        out = cp.empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
+        start = 0
+        for part in parts:
+            rows = out[start : start + len(part)]
+            if isinstance(part, np.ndarray):
+                rows.set(np.ascontiguousarray(part))
+            else:
+                rows[...] = part
+            start += len(part)
         return out
 
     def memory_capacity(self) -> int | None:

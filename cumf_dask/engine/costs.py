@@ -6,9 +6,13 @@ The two ways to run a half-step on W workers, for n_rows solved rows and n_cols 
 * replicate (p = 1): every worker gathers the whole fixed factor (it receives
   ``n_cols f 4 (W-1)/W`` bytes), then runs the fused update on its batches;
 * data parallel (p > 1): each worker builds partial Hermitians of the solved rows from its
-  part of the fixed factor; the reduce-scatter moves packed triangles, each worker receiving
-  about ``n_rows (f(f+1)/2 + f) 4 (W-1)/W`` bytes in all. When the parts are the batches the
-  other half-step solved (p = its q, on the same workers), the fixed factor does not move.
+  part of the fixed factor and sums those of its parts; the reduce-scatter moves packed
+  triangles, each worker receiving about ``n_rows (f(f+1)/2 + f) 4 (W-1)/W`` bytes in all.
+  When the parts are the batches the other half-step solved (p = its q, on the same
+  workers), the fixed factor does not move.
+
+A fixed factor in pinned host memory (``plan.factors: host``) also crosses the host-to-GPU
+bus: each part once per half-step, or once per batch (``HalfStepPlan.parts_outer``).
 
 Rates are nominal per backend (measured: benchmarks/RESULTS.md, GPU kernels on an H100/H200
 and the NumPy backend on a 2-core CPU); the link bandwidth is measured on the cluster when
@@ -27,16 +31,18 @@ BYTES = 4  # float32
 class Rates:
     """What the model assumes of one worker: flop/s of the Hermitian build (counted as
     nnz f (f+1)) fused with the solve (p = 1) and stand-alone (A stored, p > 1), flop/s of
-    the batched Cholesky (rows f^3 / 3), and seconds of scheduling per task."""
+    the batched Cholesky (rows f^3 / 3), seconds of scheduling per task, and bytes/s from
+    pinned host memory to the device."""
 
     gram_fused: float
     gram_stored: float
     solve: float
     task: float
+    bus: float = math.inf
 
 
 RATES = {
-    "cupy": Rates(gram_fused=29e12, gram_stored=20e12, solve=6e12, task=1e-3),
+    "cupy": Rates(gram_fused=29e12, gram_stored=20e12, solve=6e12, task=1e-3, bus=45e9),
     "numpy": Rates(gram_fused=8e9, gram_stored=8e9, solve=3e9, task=1e-3),
 }
 # bytes/s between two workers when nothing was measured, by the scheduler's protocol
@@ -59,10 +65,11 @@ class HalfStepCost:
     moved: float  # bytes a worker receives
     transfer: float  # seconds to receive them
     tasks: float  # seconds of task overhead
+    copy: float = 0.0  # seconds of copying a fixed factor in host memory to the device
 
     @property
     def seconds(self) -> float:
-        return self.compute + self.transfer + self.tasks
+        return self.compute + self.transfer + self.tasks + self.copy
 
 
 def half_step_cost(
@@ -76,11 +83,13 @@ def half_step_cost(
     backend: str,
     link: float,
     aligned: bool = False,
+    copied_in: float = 0.0,
 ) -> HalfStepCost:
     """Predicted cost of a half-step with p parts and q batches on `workers` workers.
 
     `aligned`: (p > 1) the parts are where the other half-step solved them, so the fixed
-    factor is not gathered.
+    factor is not gathered. `copied_in`: bytes per worker of a fixed factor in host memory
+    copied to its device.
     """
     rates = RATES.get(backend.partition("+")[0], RATES["numpy"])
     w = max(1, workers)
@@ -98,6 +107,7 @@ def half_step_cost(
         moved = n_rows * (f * (f + 1) / 2 + f) * BYTES * remote
         if not aligned:
             moved += n_cols / w * f * BYTES * remote
-        tasks = q * (p + p * p + p) / w  # hermitian, slices, solves
+        slices = min(p, w)  # one per worker holding parts, cut out of each such worker's sum
+        tasks = q * (p + slices * slices + slices) / w  # hermitians, slices, solves
     transfer = 0.0 if moved == 0 else moved / link
-    return HalfStepCost(compute, moved, transfer, tasks * rates.task)
+    return HalfStepCost(compute, moved, transfer, tasks * rates.task, copied_in / rates.bus)

@@ -7,8 +7,10 @@ Update X (update Theta is the same with the roles swapped; the "col" orientation
   resident block R^(0j).
 * p > 1 (data + model parallelism): part i of the fixed factor lives on its worker with
   the blocks R^(ij); ``hermitian`` there gives partial A^(ij), B^(ij), packed to their lower
-  triangles and cut into slices; the reduction (:mod:`.reduce`) sums each slice and solves
-  it. Weighted lambda is added once, in the solve, after the reduction.
+  triangles, and each worker sums those of its parts (batch by batch, or with the parts as
+  the outer loop when the fixed factor is in host memory, so each part is copied to the GPU
+  once: ``HalfStepPlan.parts_outer``); the reduction (:mod:`.reduce`) cuts the sums into
+  slices, adds up each slice and solves it. Weighted lambda is added once, in the solve.
 
 Implicit feedback (:mod:`cumf_dask.backend.objective`) adds the fixed factor's Gram
 G0 = Y^T Y to every row's system: one small ``gram`` task per piece of the fixed factor, on
@@ -171,16 +173,37 @@ class SUALSEngine:
             )
         return fixed.placed[(lo, hi, worker)]
 
+    def copied_in(
+        self, h: HalfStepPlan, fixed: Factor, part: int, worker: str, it: int, after: Any
+    ) -> Future:
+        """Part `part` of a fixed factor in host memory assembled in `worker`'s device
+        memory, once for the half-step's tasks on it (``h.parts_outer``); a compute task
+        after `after` (the worker's previous part's last use), so a worker holds at most two
+        parts. Not cached on the factor: it goes once this half-step's tasks are done."""
+        lo, hi = h.col_bounds[part], h.col_bounds[part + 1]
+        name = "Theta" if h.side == "x" else "X"
+        return self.gather(fixed, lo, hi, worker, f"copy-in-{name}-part{part}-it{it}",
+                           on_device=True, after=after)  # fmt: skip
+
     def gather(
-        self, factor: Factor, lo: int, hi: int, worker: str, name: str, priority: int = 0
+        self,
+        factor: Factor,
+        lo: int,
+        hi: int,
+        worker: str,
+        name: str,
+        priority: int = 0,
+        on_device: bool = False,
+        after: Any = None,
     ) -> Future:
         """Rows [lo, hi) of a factor assembled on `worker` from the pieces that hold them
-        (only those move: a batch's warm start or RMSE rows are mostly on its own worker)."""
+        (only those move: a batch's warm start or RMSE rows are mostly on its own worker);
+        `on_device`, `after`: see :meth:`copied_in`."""
         key = f"{name}-on-{self.place.index(worker)}-{factor.version}"
         pieces = [p for p in factor.pieces if p[0] < hi and lo < p[1]]
         return self.submit(
-            tasks.assemble, lo, hi, self.backend, pieces, key=key, worker=worker, compute=False,
-            priority=priority,
+            tasks.assemble, lo, hi, self.backend, pieces, on_device, after, key=key,
+            worker=worker, compute=on_device, priority=priority,
         )  # fmt: skip
 
     def preload(self, held_out: bool) -> None:
@@ -329,20 +352,62 @@ class SUALSEngine:
         pieces: list[Piece] = []
         owners = []
         ahead = self._ahead
+        copies: dict[str, Future] = {}  # h.parts_outer: the fixed factor on each device
         for j in range(h.q):
             worker = self.place.block(h, 0, j)
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
+            if not h.parts_outer:
+                fixed_part = self.fixed_on(h, fixed, 0, worker, it)
+            elif worker in copies:
+                fixed_part = copies[worker]
+            else:
+                fixed_part = copies[worker] = self.copied_in(h, fixed, 0, worker, it, None)
             x0 = self._warm(h, previous, lo, hi, worker, f"batch{j}-it{it}")
             fut = self.submit(
-                tasks.update, self.block(h, 0, j, it, ahead=ahead),
-                self.fixed_on(h, fixed, 0, worker, it), self.counts(h, lo, hi, worker),
-                self.spec, self.backend, gram0, x0, self.plan.on_host(h.side), lo,
-                key=f"update-{h.label}-batch{j}-it{it}", worker=worker,
+                tasks.update, self.block(h, 0, j, it, ahead=ahead), fixed_part,
+                self.counts(h, lo, hi, worker), self.spec, self.backend, gram0, x0,
+                self.plan.on_host(h.side), lo, key=f"update-{h.label}-batch{j}-it{it}",
+                worker=worker,
             )  # fmt: skip
             ahead.computed(worker, fut)
             pieces.append((lo, hi, fut))
             owners.append(worker)
         return pieces, owners
+
+    def _partial_sums(self, h: HalfStepPlan, fixed: Factor, it: int) -> list[dict[str, Future]]:
+        """p > 1: for each batch, each worker's sum of the partial Hermitians of its parts
+        (``tasks.hermitian_slices`` adds each part's to the previous part's, in place), by
+        worker. Batches are the outer loop (a worker holds the sums of about one batch at a
+        time), or with ``h.parts_outer`` the parts are: each part of a fixed factor in host
+        memory is then copied to the device once, not once per batch, and the sums of all
+        batches are held until the last part."""
+        reduction, ahead, workers = self.plan.reduction, self._ahead, len(self.place.workers)
+        sums: list[dict[str, Future]] = [{} for _ in range(h.q)]
+        order = ((i, j) for i in range(h.p) for j in range(h.q)) if h.parts_outer else (
+            (i, j) for j in range(h.q) for i in range(h.p))  # fmt: skip
+        copies: dict[str, tuple[int, Future]] = {}  # worker: (part, its copy on the device)
+        last: dict[str, Future] = {}  # worker: its latest hermitian task
+        for i, j in order:
+            worker = self.place.block(h, i, j)
+            if not h.parts_outer:
+                fixed_part = self.fixed_on(h, fixed, i, worker, it)
+            else:
+                if copies.get(worker, (None,))[0] != i:
+                    copies[worker] = (i, self.copied_in(h, fixed, i, worker, it, last.get(worker)))
+                fixed_part = copies[worker][1]
+            slices = slice_bounds(h.row_bounds[j + 1] - h.row_bounds[j], h.p, workers, reduction)
+            herm = last[worker] = self.submit(
+                tasks.hermitian_slices, self.block(h, i, j, it, ahead=ahead), fixed_part,
+                slices, self.backend, self.spec, sums[j].get(worker),
+                key=f"hermitian-{h.label}-batch{j}-part{i}-it{it}", worker=worker,
+            )  # fmt: skip
+            if ahead.streamed:  # a small stand-in: the sums are not held longer
+                ahead.computed(worker, self.submit(
+                    tasks.finished, herm, worker=worker, compute=False,
+                    key=f"hermitian-done-{h.label}-batch{j}-part{i}-it{it}",
+                ))  # fmt: skip
+            sums[j][worker] = herm
+        return sums
 
     def _data_parallel(
         self, h: HalfStepPlan, fixed: Factor, it: int, gram0: Any, previous: Factor | None
@@ -350,32 +415,14 @@ class SUALSEngine:
         pieces: list[Piece] = []
         owners = []
         reduction, workers = self.plan.reduction, self.place.workers
-        ahead = self._ahead
-        for j in range(h.q):
+        for j, sums in enumerate(self._partial_sums(h, fixed, it)):
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
-            slices = slice_bounds(hi - lo, h.p, reduction)
-            partials: list[list[Future]] = [[] for _ in slices]
-            sources = []
-            for i in range(h.p):
-                worker = self.place.block(h, i, j)
-                sources.append(self.place.index(worker))
-                herm = self.submit(
-                    tasks.hermitian_slices, self.block(h, i, j, it, ahead=ahead),
-                    self.fixed_on(h, fixed, i, worker, it), slices, self.backend, self.spec,
-                    key=f"hermitian-{h.label}-batch{j}-part{i}-it{it}", worker=worker,
-                )  # fmt: skip
-                if ahead.streamed:  # a small stand-in: the partials are not held longer
-                    ahead.computed(worker, self.submit(
-                        tasks.finished, herm, worker=worker, compute=False,
-                        key=f"hermitian-done-{h.label}-batch{j}-part{i}-it{it}",
-                    ))  # fmt: skip
-                for k in range(len(slices)):
-                    partials[k].append(
-                        self.submit(
-                            operator.getitem, herm, k, worker=worker, compute=False,
-                            key=f"slice-{h.label}-batch{j}-part{i}-slice{k}-it{it}",
-                        )
-                    )
+            slices = slice_bounds(hi - lo, h.p, len(workers), reduction)
+            sources = [self.place.index(worker) for worker in sums]
+            partials = [[self.submit(
+                operator.getitem, herm, k, worker=worker, compute=False,
+                key=f"slice-{h.label}-batch{j}-w{self.place.index(worker)}-slice{k}-it{it}",
+            ) for worker, herm in sums.items()] for k in range(len(slices))]  # fmt: skip
             for k, (a, b) in enumerate(slices):
                 target = self.place.reduced_slice(k, reduction)
                 tag = f"{h.label}-batch{j}-slice{k}-it{it}"

@@ -24,12 +24,15 @@ workers' devices when both fit next to the working set; else (GPU workers, the p
 Facebook case) the larger factor lives in pinned host memory: its half-step copies each
 solved batch out, and the other half-step copies it in one part at a time (the part is the
 "fixed part" of the memory model, so a factor that does not fit makes that half-step data
-parallel). Partition boundaries balance ratings, not rows, so skewed data loads workers
+parallel): each part once, with the parts as the outer loop, where the sums of all that
+half-step's batches fit next to two parts and the cost model predicts it faster, else once
+per batch. Partition boundaries balance ratings, not rows, so skewed data loads workers
 evenly.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -76,6 +79,8 @@ class HalfStepPlan:
     col_bounds: list[int]  # p + 1 part boundaries of the fixed factor
     memory: dict[str, int] = field(default_factory=dict)  # bytes per worker, by item
     aligned: bool = False  # p > 1 over the batches the other half-step solved, where it did
+    parts_outer: bool = False  # the fixed factor is in host memory, each part copied in once
+    copied_in: int = 0  # bytes per worker of a fixed factor in host memory copied to the device
     predicted: dict[str, float] = field(default_factory=dict)  # seconds and bytes, .costs
 
     @property
@@ -125,6 +130,10 @@ class Plan:
     def half(self, side: str) -> HalfStepPlan:
         return self.x if side == "x" else self.theta
 
+    def other(self, side: str) -> HalfStepPlan:
+        """The half-step that holds the factor solved by half-step `side` fixed."""
+        return self.theta if side == "x" else self.x
+
     @property
     def resident(self) -> bool:
         """The blocks are loaded once (device or host), not read every half-step."""
@@ -146,6 +155,8 @@ class Plan:
             f"worker, R {BLOCK_TIERS[self.blocks]}, "
             f"reduction: {self.reduction if max(self.x.p, self.theta.p) > 1 else 'none (p = 1)'}"
             + (f", {self.half(self.host_factor).label} in pinned host memory"
+               + (" (copied in once per half-step)" if self.other(self.host_factor).parts_outer
+                  else " (copied in once per batch)")
                if self.host_factor else ""),
             f"{'half-step':<14}{'p':>4}{'q':>6}{'rows/batch':>12}{'fixed/part':>12}"
             f"{'R/block':>12}{'A,B/batch':>12}{'peak GB':>9}{'moved MB':>10}{'predicted s':>12}",
@@ -223,19 +234,24 @@ def balanced_bounds(counts: np.ndarray | int, parts: int) -> list[int]:
 
 
 def _memory(
-    n_rows: int, n_cols: int, nnz: int, f: int, p: int, q: int, fused: bool, workers: int
+    n_rows: int, n_cols: int, nnz: int, f: int, p: int, q: int, fused: bool,
+    parts_outer: bool = False,
 ) -> dict:
+    """Bytes per worker by item. p > 1: each worker sums its parts' packed partial (A, B) of
+    a batch; `parts_outer` (a fixed factor in host memory, each part copied in once): the
+    sums of all batches are held, and two parts (one in use, the next arriving)."""
     rows = math.ceil(n_rows / q)
     est = {
         "solved batch": rows * f * BYTES,
-        "fixed part": math.ceil(n_cols / p) * f * BYTES,
+        "fixed part": math.ceil(n_cols / p) * f * BYTES * (2 if parts_outer and p > 1 else 1),
         "R block": math.ceil(nnz / (p * q)) * RATING_BYTES,
         "B": rows * f * BYTES,
     }
     if not (fused and p == 1):
         est["A"] = rows * f * f * BYTES
-    if p > 1:  # a worker's packed partial (A, B) of a batch, one per part it holds
-        est["partials"] = math.ceil(p / workers) * rows * (f * (f + 1) // 2 + f) * BYTES
+    if p > 1:
+        summed = n_rows if parts_outer else rows
+        est["partials"] = summed * (f * (f + 1) // 2 + f) * BYTES
     return est
 
 
@@ -252,21 +268,28 @@ def _half_step(
     p: int | None = None,
     q: int | None = None,
     fused: bool = False,
+    parts_outer: bool = False,
+    fixed_on_host: bool = False,
 ) -> HalfStepPlan:
-    """Choose p and q for one half-step (paper's best practices), honouring forced values.
+    """Choose p and q for one half-step (paper's best practices), honouring forced values;
+    `parts_outer`: see :func:`_memory`; `fixed_on_host`: the fixed factor is in host memory
+    (``copied_in`` counts its bytes that cross to each device). Data parallel, p starts
+    where the fixed factor's part takes half the budget, and more parts are tried
+    (:func:`_fewest_tasks`).
 
     Its ``predicted`` cost is filled in by make_plan, which knows the link.
     """
     def fits(p_: int, q_: int) -> bool:
-        return sum(_memory(n_rows, n_cols, nnz, f, p_, q_, fused, workers).values()) < budget
+        return sum(_memory(n_rows, n_cols, nnz, f, p_, q_, fused, parts_outer).values()) < budget
 
     q_max = max(1, n_rows)
     if p is None:
         if fits(1, q_max) or (q is not None and fits(1, q)):
             p = 1
         else:
-            p = max(2, math.ceil(n_cols * f * BYTES / (budget / 2)))
-            if p > n_cols or not fits(p, q_max):
+            first = max(2, math.ceil(n_cols * f * BYTES / (budget / 2)))
+            p = _fewest_tasks(first, n_cols, q if q is not None else None, fits, q_max)
+            if p > n_cols:
                 raise PlanError(
                     f"update {side}: no partition fits {budget / 1e9:.2f} GB per worker with "
                     f"f={f} ({n_rows:,} x {n_cols:,}, {nnz:,} ratings); use more workers, a "
@@ -278,7 +301,7 @@ def _half_step(
             q = max(q, min(workers, q_max))
     p = max(1, min(p, n_cols))
     q = max(1, min(q, n_rows))
-    memory = _memory(n_rows, n_cols, nnz, f, p, q, fused, workers)
+    memory = _memory(n_rows, n_cols, nnz, f, p, q, fused, parts_outer)
     if sum(memory.values()) >= budget:
         raise PlanError(
             f"update {side}: p={p}, q={q} needs {sum(memory.values()) / 1e9:.2f} GB per worker, "
@@ -295,15 +318,45 @@ def _half_step(
         row_bounds=row_shares.bounds(q),
         col_bounds=col_shares.bounds(p),
         memory=memory,
+        parts_outer=parts_outer,
+        copied_in=_copied_in(n_cols, f, p, q, workers, parts_outer) if fixed_on_host else 0,
     )
 
 
+def _copied_in(n_cols: int, f: int, p: int, q: int, workers: int, parts_outer: bool) -> int:
+    """Bytes of a fixed factor in host memory copied to a worker's device per half-step: its
+    parts (all of it when p = 1), once each with `parts_outer`, else once per batch it runs."""
+    parts = 1 if p == 1 else math.ceil(p / workers)
+    uses = 1 if parts_outer else (math.ceil(q / workers) if p == 1 else q)
+    return math.ceil(n_cols / p) * f * BYTES * parts * uses
+
+
+def _fewest_tasks(
+    first: int, n_cols: int, q: int | None, fits: Callable[[int, int], bool], q_max: int
+) -> int:
+    """The p (from `first` up) whose fitting plan has the fewest blocks p x q (`q`: forced),
+    among the first that fits and up to 4 times it; n_cols + 1 when none fits."""
+    found: list[tuple[int, int]] = []
+    for p in _counts_from(first, n_cols):
+        if found and p > 4 * found[0][1]:
+            break
+        q_p = q if q is not None else next((qq for qq in _q_candidates(q_max) if fits(p, qq)), 0)
+        if q_p and fits(p, q_p):
+            found.append((p * q_p, p))
+    return min(found)[1] if found else n_cols + 1
+
+
 def _q_candidates(q_max: int):
-    q = 1
-    while q < q_max:
-        yield q
-        q = q + 1 if q < 8 else math.ceil(q * 1.25)
-    yield q_max
+    return _counts_from(1, q_max)
+
+
+def _counts_from(first: int, last: int):
+    """Partition counts to try from `first` to `last`: one by one up to 8, then 25 % more."""
+    k = first
+    while k < last:
+        yield k
+        k = k + 1 if k < 8 else math.ceil(k * 1.25)
+    yield last
 
 
 def make_plan(
@@ -356,17 +409,31 @@ def make_plan(
     }
     link_bw = link if link is not None else ASSUMED_LINK.get(transport, ASSUMED_LINK["tcp"])
 
-    def half_steps(room: int) -> tuple[HalfStepPlan, HalfStepPlan]:
-        """The fastest predicted (x, theta) whose working memory fits `room` per worker."""
+    def half_steps(room: int, host: Side | None) -> tuple[HalfStepPlan, HalfStepPlan]:
+        """The fastest predicted (x, theta) whose working memory fits `room` per worker, with
+        factor `host` (if any) in host memory: the other half-step copies each of its parts
+        in once where the sums of all its batches fit, else once per batch."""
 
         def half(side: Side, p: int | None, q: int | None) -> HalfStepPlan:
             rows, cols, rc, cc, _ = sides[side]
-            return _half_step(side, rows, cols, nnz, f, workers, room, rc, cc, p=p, q=q,
-                              fused=backend == "cupy")  # fmt: skip
+            plan = functools.partial(_half_step, side, rows, cols, nnz, f, workers, room, rc, cc,
+                                     p=p, q=q, fused=backend == "cupy")  # fmt: skip
+            if host is None or host == side:
+                return plan()
+            options = []
+            for outer in (True, False):  # each part copied in once, or once per batch
+                try:
+                    options.append(plan(parts_outer=outer, fixed_on_host=True))
+                except PlanError:
+                    if not (outer or options):
+                        raise
+            for option in options:
+                _price(option, workers, backend, link_bw)
+            return min(options, key=lambda h: h.predicted["seconds"])
 
         x, theta = (half(side, *forced[side]) for side in ("x", "theta"))  # type: ignore[arg-type]
-        for h, other in ((x, theta), (theta, x)):
-            _price(h, other, workers, backend, link_bw)
+        for h in (x, theta):
+            _price(h, workers, backend, link_bw)
         candidates = [(x, theta)]
         if workers > 1:
             for side in ("x", "theta"):
@@ -400,19 +467,19 @@ def _factor_tier(
     sizes: dict[str, int],
     usable: int,
     backend: str,
-    half_steps: Callable[[int], tuple[HalfStepPlan, HalfStepPlan]],
+    half_steps: Callable[[int, Side | None], tuple[HalfStepPlan, HalfStepPlan]],
 ) -> tuple[Side | None, tuple[HalfStepPlan, HalfStepPlan]]:
     """Which factor lives in host memory (None: both on the devices, see the module doc),
     and the half-steps planned in the room the factors on the devices leave. `sizes`: each
     factor's bytes per worker. On CPU workers the host is the device: always None there."""
     check_choice("plan.factors", wanted, FACTOR_TIERS)
     if backend != "cupy":
-        return None, half_steps(usable)
+        return None, half_steps(usable, None)
     larger: Side = "x" if sizes["x"] >= sizes["theta"] else "theta"
     gb = 1e9
     if wanted != "host":
         try:
-            return None, half_steps(usable - sum(sizes.values()))
+            return None, half_steps(usable - sum(sizes.values()), None)
         except PlanError:
             if wanted == "device":
                 raise PlanError(
@@ -422,7 +489,7 @@ def _factor_tier(
                 ) from None
     smaller = sizes["theta" if larger == "x" else "x"]
     try:
-        return larger, half_steps(usable - smaller)
+        return larger, half_steps(usable - smaller, larger)
     except PlanError as exc:
         raise PlanError(
             f"{exc} (with {'X' if larger == 'x' else 'Theta'} in host memory and "
@@ -464,10 +531,11 @@ def _block_tier(
     return wanted
 
 
-def _price(h: HalfStepPlan, other: HalfStepPlan, workers: int, backend: str, link: float) -> None:
+def _price(h: HalfStepPlan, workers: int, backend: str, link: float) -> None:
     """Fill in h.predicted from the cost model."""
     cost = half_step_cost(
-        h.n_rows, h.n_cols, h.nnz, h.f, h.p, h.q, workers, backend, link, aligned=h.aligned
+        h.n_rows, h.n_cols, h.nnz, h.f, h.p, h.q, workers, backend, link, aligned=h.aligned,
+        copied_in=h.copied_in,
     )
     h.predicted = {**asdict(cost), "seconds": cost.seconds}
 
@@ -493,5 +561,5 @@ def _aligned(
     except PlanError:
         return None
     alt.aligned = alt.col_bounds == other.row_bounds
-    _price(alt, other, workers, backend, link)
+    _price(alt, workers, backend, link)
     return (alt, theta) if side == "x" else (x, alt)

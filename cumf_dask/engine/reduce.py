@@ -2,9 +2,10 @@
 
 Every strategy is here, as pure functions that take what they need:
 
-* ``scatter`` (default): reduce-scatter. Each batch's rows are cut into p slices; worker k
-  receives slice k of every partial and sums it, so all workers reduce at once and each
-  moves 1/p of the data (paper Fig. "parallel reduction" (a)).
+* ``scatter`` (default): reduce-scatter. Each worker first sums the partials of its own
+  parts; each batch's rows are cut into one slice per worker holding parts; worker k
+  receives slice k of every worker's sum and adds them up, so all workers reduce at once
+  and each moves 1/W of the data (paper Fig. "parallel reduction" (a)).
 * ``two-phase``: topology-aware. Partials are first summed inside each group of workers
   (same NVLink island / PCIe switch / NUMA node), then the group sums go to the worker of
   the slice (paper Fig. (b)). Groups come from ``plan.groups`` or from NVML.
@@ -28,9 +29,11 @@ from .plan import balanced_bounds
 Submit = Callable[..., Future]  # a Pinned submitter: submit(func, *args, key=, worker=)
 
 
-def slice_bounds(rows: int, p: int, reduction: str) -> list[tuple[int, int]]:
-    """A batch's rows [0, rows) cut into the slices reduced separately: one for 'one', else p."""
-    return list(itertools.pairwise(balanced_bounds(rows, 1 if reduction == "one" else p)))
+def slice_bounds(rows: int, p: int, workers: int, reduction: str) -> list[tuple[int, int]]:
+    """A batch's rows [0, rows) cut into the slices reduced separately: one for 'one', else
+    one per worker that holds parts (each worker sums its parts first: min(p, workers))."""
+    slices = 1 if reduction == "one" else min(p, workers)
+    return list(itertools.pairwise(balanced_bounds(rows, slices)))
 
 
 def final_inputs(

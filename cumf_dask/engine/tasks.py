@@ -72,15 +72,27 @@ def initial_factor(
     return to_backend(init_factor(n_rows, f, seed, lo, hi, stream, scale), backend, host)
 
 
-def assemble(lo: int, hi: int, backend: str, pieces: list[tuple[int, int, Any]]) -> Any:
+def assemble(
+    lo: int,
+    hi: int,
+    backend: str,
+    pieces: list[tuple[int, int, Any]],
+    on_device: bool = False,
+    after: Any = None,
+) -> Any:
     """Rows [lo, hi) of a factor from pieces (start, stop, array) that cover them, in the
-    memory the pieces are in (a factor in host memory is copied to the GPU by its users)."""
+    memory the pieces are in (a factor in host memory is copied to the GPU by its users), or
+    (`on_device`) on the device: a part of a factor in host memory copied over once for
+    all the tasks of a half-step that use it. `after`: the task this waits for (bounds the
+    parts on the device); unused."""
     be = get_backend(backend)
     parts = []
     for start, stop, arr in sorted(pieces, key=lambda t: t[0]):
         a, b = max(lo, start), min(hi, stop)
         if a < b:
             parts.append(arr[a - start : b - start])
+    if on_device:
+        return be.concatenate(parts, on_device=True)
     if len(parts) == 1:
         return parts[0]
     return be.concatenate(parts)
@@ -157,14 +169,23 @@ def hermitian_slices(
     slices: list[tuple[int, int]],
     backend: str,
     spec: UpdateSpec | None = None,
+    into: list[tuple[Any, Any]] | None = None,
 ) -> list[tuple[Any, Any]]:
     """p > 1: partial (packed A, B) of one block, cut into the reduce-scatter slices
-    (without G0 or the regularization: both are added once, in the solve)."""
+    (without G0 or the regularization: both are added once, in the solve). `into`: what
+    this task returned for the worker's previous part of the same rows; this block's
+    partial is added to it in place (each worker sends one sum of its parts to the
+    reduction), and it is returned."""
     be = get_backend(backend)
     with out_of_memory_as(_on(block), _SMALLER):
         A, B = be.hermitian(block, be.prepare_fixed(fixed), spec)
         packed = be.pack(A)
-    return [(packed[a:b], B[a:b]) for a, b in slices]
+    if into is None:
+        return [(packed[a:b], B[a:b]) for a, b in slices]
+    for (sum_a, sum_b), (a, b) in zip(into, slices, strict=True):
+        sum_a += packed[a:b]
+        sum_b += B[a:b]
+    return into
 
 
 def finished(_: Any) -> None:
