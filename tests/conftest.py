@@ -44,7 +44,8 @@ def clients():
 
     def get(workers: int):
         if workers in pool and len(worker_addresses(pool[workers][1])) < workers:
-            # a worker left (seen once in CI: a 1-worker cluster reported none); start afresh
+            # a worker left; start afresh (the case once seen in CI, a 1-worker cluster
+            # reporting none, was Client.scheduler_info's race: see cluster.workers_info)
             cluster, client = pool.pop(workers)
             client.close()
             cluster.close()

@@ -25,7 +25,12 @@ from reference import reference_als
 from cumf_dask.config import ClusterConfig, load_config
 from cumf_dask.data.spill import build_store
 from cumf_dask.engine import watch
-from cumf_dask.engine.cluster import cluster_client, wait_for_workers
+from cumf_dask.engine.cluster import (
+    cluster_client,
+    wait_for_workers,
+    worker_addresses,
+    workers_info,
+)
 from cumf_dask.errors import CumfWarning, DeviceMemoryError
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
@@ -56,6 +61,19 @@ def procs():
     with cluster_client(config) as client:
         yield client
 
+
+
+def test_workers_are_asked_of_the_scheduler_not_the_client_cache(client2, monkeypatch):
+    """The client's periodic refresh caches no per-worker records. Read between a fetch and
+    the read, that cache made every worker seem lost at once (a CI failure). Here the cache
+    is left without them: the engine's view of the workers still has both."""
+
+    async def stale(**_):
+        client2._scheduler_identity = {"workers": {}}
+
+    monkeypatch.setattr(client2, "_update_scheduler_info", stale)
+    assert client2.scheduler_info(n_workers=-1)["workers"] == {}
+    assert len(workers_info(client2)) == 2 and len(worker_addresses(client2)) == 2
 
 def test_killed_worker_is_replaced_and_the_fit_goes_on(procs, data):
     pids = procs.run(os.getpid)
@@ -142,7 +160,7 @@ def test_worker_paused_for_memory_fails_with_a_plan(procs, data, monkeypatch):
         procs.run(pause_at, fraction=0.001, workers=[victim])
         deadline = time.time() + 10
         while time.time() < deadline and (
-            procs.scheduler_info(n_workers=-1)["workers"][victim]["status"] != "paused"
+            workers_info(procs)[victim]["status"] != "paused"
         ):
             time.sleep(0.05)
 
@@ -157,7 +175,7 @@ def test_worker_paused_for_memory_fails_with_a_plan(procs, data, monkeypatch):
         procs.run(pause_at, fraction=0.8)
     deadline = time.time() + 10
     while time.time() < deadline and any(
-        w["status"] != "running" for w in procs.scheduler_info(n_workers=-1)["workers"].values()
+        w["status"] != "running" for w in workers_info(procs).values()
     ):
         time.sleep(0.2)
 

@@ -35,9 +35,17 @@ _log = logging.getLogger(__name__)
 # block while it computes on this one (never two computations at once).
 
 
+def workers_info(client: Client) -> dict[str, dict[str, Any]]:
+    """The scheduler's record of every worker, by address, asked for now. Not
+    ``Client.scheduler_info``: it returns the client's cache, which the client's own periodic
+    refresh (without per-worker records) can overwrite between the fetch and the read, so
+    all workers would seem gone at once (seen in CI as the loss of every worker mid-fit)."""
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
 def has_compute_slots(client: Client) -> bool:
     """Whether every worker declares the COMPUTE resource (local clusters made here do)."""
-    info = client.scheduler_info(n_workers=-1)["workers"].values()
+    info = workers_info(client).values()
     return bool(info) and all(COMPUTE in (w.get("resources") or {}) for w in info)
 
 
@@ -278,7 +286,7 @@ def client_resources(client: Client, backend: str) -> Resources:
 
 def worker_addresses(client: Client) -> list[str]:
     """Worker addresses in a stable order (by name, then address)."""
-    info = client.scheduler_info(n_workers=-1)["workers"]
+    info = workers_info(client)
     return [a for a, _ in sorted(info.items(), key=lambda kv: (str(kv[1].get("name")), kv[0]))]
 
 
@@ -287,7 +295,7 @@ def worker_memory(client: Client, backend: str) -> int:
     if backend == "cupy":
         sizes = client.run(gpu_total_memory)
         return int(min(sizes.values()))
-    info = client.scheduler_info(n_workers=-1)["workers"]
+    info = workers_info(client)
     limits = [int(w.get("memory_limit") or 0) for w in info.values()]
     if not limits or min(limits) <= 0:
         import psutil
@@ -366,7 +374,7 @@ def wait_for_workers(client: Client, count: int, timeout: float) -> list[str]:
 def process_memory(client: Client) -> int:
     """The largest worker process's memory in bytes as the scheduler last heard it (what
     Python, Dask and the libraries take before any data: a CPU plan must fit beside it)."""
-    info = client.scheduler_info(n_workers=-1)["workers"].values()
+    info = workers_info(client).values()
     return max((int((w.get("metrics") or {}).get("memory") or 0) for w in info), default=0)
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import operator
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -178,8 +179,9 @@ class SUALSEngine:
     ) -> Future:
         """Part `part` of a fixed factor in host memory assembled in `worker`'s device
         memory, once for the half-step's tasks on it (``h.parts_outer``); a compute task
-        after `after` (the worker's previous part's last use), so a worker holds at most two
-        parts. Not cached on the factor: it goes once this half-step's tasks are done."""
+        after `after` (every task that used the worker's previous part), so a worker holds
+        one part and the next one arriving. Not cached on the factor: it goes once this
+        half-step's tasks are done."""
         lo, hi = h.col_bounds[part], h.col_bounds[part + 1]
         name = "Theta" if h.side == "x" else "X"
         return self.gather(fixed, lo, hi, worker, f"copy-in-{name}-part{part}-it{it}",
@@ -374,40 +376,54 @@ class SUALSEngine:
             owners.append(worker)
         return pieces, owners
 
-    def _partial_sums(self, h: HalfStepPlan, fixed: Factor, it: int) -> list[dict[str, Future]]:
-        """p > 1: for each batch, each worker's sum of the partial Hermitians of its parts
-        (``tasks.hermitian_slices`` adds each part's to the previous part's, in place), by
-        worker. Batches are the outer loop (a worker holds the sums of about one batch at a
-        time), or with ``h.parts_outer`` the parts are: each part of a fixed factor in host
-        memory is then copied to the device once, not once per batch, and the sums of all
-        batches are held until the last part."""
+    def _partial_sums(
+        self, h: HalfStepPlan, fixed: Factor, it: int
+    ) -> Iterator[tuple[int, dict[str, Future]]]:
+        """p > 1: (batch, each worker's sum of the partial Hermitians of its parts, by worker)
+        as soon as a batch's are submitted (``tasks.hermitian_slices`` adds each part's to
+        the previous part's, in place), so its reduction is submitted before the next batch.
+        Batches are the outer loop (a worker holds the sums of about one batch at a time),
+        or with ``h.parts_outer`` the parts are: each part of a fixed factor in host memory
+        is then copied to the device once, not once per batch, and the sums of all batches
+        are held until the last part."""
         reduction, ahead, workers = self.plan.reduction, self._ahead, len(self.place.workers)
         sums: list[dict[str, Future]] = [{} for _ in range(h.q)]
-        order = ((i, j) for i in range(h.p) for j in range(h.q)) if h.parts_outer else (
-            (i, j) for j in range(h.q) for i in range(h.p))  # fmt: skip
         copies: dict[str, tuple[int, Future]] = {}  # worker: (part, its copy on the device)
-        last: dict[str, Future] = {}  # worker: its latest hermitian task
-        for i, j in order:
+        uses: dict[str, list[Future]] = {}  # worker: the hermitian tasks on its current copy
+        for i, j in self._order(h):
             worker = self.place.block(h, i, j)
             if not h.parts_outer:
                 fixed_part = self.fixed_on(h, fixed, i, worker, it)
             else:
                 if copies.get(worker, (None,))[0] != i:
-                    copies[worker] = (i, self.copied_in(h, fixed, i, worker, it, last.get(worker)))
+                    after = uses.pop(worker, None)  # a worker's next part after its last
+                    copies[worker] = (i, self.copied_in(h, fixed, i, worker, it, after))
                 fixed_part = copies[worker][1]
             slices = slice_bounds(h.row_bounds[j + 1] - h.row_bounds[j], h.p, workers, reduction)
-            herm = last[worker] = self.submit(
+            herm = self.submit(
                 tasks.hermitian_slices, self.block(h, i, j, it, ahead=ahead), fixed_part,
                 slices, self.backend, self.spec, sums[j].get(worker),
                 key=f"hermitian-{h.label}-batch{j}-part{i}-it{it}", worker=worker,
             )  # fmt: skip
+            if h.parts_outer:
+                uses.setdefault(worker, []).append(herm)
             if ahead.streamed:  # a small stand-in: the sums are not held longer
                 ahead.computed(worker, self.submit(
                     tasks.finished, herm, worker=worker, compute=False,
                     key=f"hermitian-done-{h.label}-batch{j}-part{i}-it{it}",
                 ))  # fmt: skip
             sums[j][worker] = herm
-        return sums
+            if i == h.p - 1 and not h.parts_outer:
+                yield j, sums[j]
+        if h.parts_outer:
+            yield from enumerate(sums)
+
+    @staticmethod
+    def _order(h: HalfStepPlan) -> Iterator[tuple[int, int]]:
+        """(part, batch) in the order their partial Hermitians are submitted."""
+        if h.parts_outer:
+            return ((i, j) for i in range(h.p) for j in range(h.q))
+        return ((i, j) for j in range(h.q) for i in range(h.p))
 
     def _data_parallel(
         self, h: HalfStepPlan, fixed: Factor, it: int, gram0: Any, previous: Factor | None
@@ -415,7 +431,7 @@ class SUALSEngine:
         pieces: list[Piece] = []
         owners = []
         reduction, workers = self.plan.reduction, self.place.workers
-        for j, sums in enumerate(self._partial_sums(h, fixed, it)):
+        for j, sums in self._partial_sums(h, fixed, it):
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             slices = slice_bounds(hi - lo, h.p, len(workers), reduction)
             sources = [self.place.index(worker) for worker in sums]

@@ -32,8 +32,8 @@ evenly.
 
 from __future__ import annotations
 
-import functools
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -270,12 +270,13 @@ def _half_step(
     fused: bool = False,
     parts_outer: bool = False,
     fixed_on_host: bool = False,
+    seconds: Callable[[int, int], float] | None = None,
 ) -> HalfStepPlan:
     """Choose p and q for one half-step (paper's best practices), honouring forced values;
     `parts_outer`: see :func:`_memory`; `fixed_on_host`: the fixed factor is in host memory
     (``copied_in`` counts its bytes that cross to each device). Data parallel, p starts
     where the fixed factor's part takes half the budget, and more parts are tried
-    (:func:`_fewest_tasks`).
+    (:func:`_fastest_p`, by the predicted `seconds` of (p, q); without it, fewest blocks).
 
     Its ``predicted`` cost is filled in by make_plan, which knows the link.
     """
@@ -288,7 +289,7 @@ def _half_step(
             p = 1
         else:
             first = max(2, math.ceil(n_cols * f * BYTES / (budget / 2)))
-            p = _fewest_tasks(first, n_cols, q if q is not None else None, fits, q_max)
+            p = _fastest_p(first, n_cols, q, fits, q_max, seconds or operator.mul)
             if p > n_cols:
                 raise PlanError(
                     f"update {side}: no partition fits {budget / 1e9:.2f} GB per worker with "
@@ -331,18 +332,24 @@ def _copied_in(n_cols: int, f: int, p: int, q: int, workers: int, parts_outer: b
     return math.ceil(n_cols / p) * f * BYTES * parts * uses
 
 
-def _fewest_tasks(
-    first: int, n_cols: int, q: int | None, fits: Callable[[int, int], bool], q_max: int
+def _fastest_p(
+    first: int,
+    n_cols: int,
+    q: int | None,
+    fits: Callable[[int, int], bool],
+    q_max: int,
+    seconds: Callable[[int, int], float],
 ) -> int:
-    """The p (from `first` up) whose fitting plan has the fewest blocks p x q (`q`: forced),
-    among the first that fits and up to 4 times it; n_cols + 1 when none fits."""
-    found: list[tuple[int, int]] = []
+    """The p (from `first` up, with its smallest q that fits, or `q` when forced) whose plan
+    `seconds` predicts fastest, among the first p that fits and up to 4 times it; n_cols + 1
+    when none fits."""
+    found: list[tuple[float, int]] = []
     for p in _counts_from(first, n_cols):
         if found and p > 4 * found[0][1]:
             break
         q_p = q if q is not None else next((qq for qq in _q_candidates(q_max) if fits(p, qq)), 0)
         if q_p and fits(p, q_p):
-            found.append((p * q_p, p))
+            found.append((seconds(p, q_p), p))
     return min(found)[1] if found else n_cols + 1
 
 
@@ -416,8 +423,17 @@ def make_plan(
 
         def half(side: Side, p: int | None, q: int | None) -> HalfStepPlan:
             rows, cols, rc, cc, _ = sides[side]
-            plan = functools.partial(_half_step, side, rows, cols, nnz, f, workers, room, rc, cc,
-                                     p=p, q=q, fused=backend == "cupy")  # fmt: skip
+
+            def plan(parts_outer: bool = False, fixed_on_host: bool = False) -> HalfStepPlan:
+                def seconds(p_: int, q_: int) -> float:
+                    copied = _copied_in(cols, f, p_, q_, workers, parts_outer)
+                    return half_step_cost(rows, cols, nnz, f, p_, q_, workers, backend, link_bw,
+                                          copied_in=copied if fixed_on_host else 0).seconds
+
+                return _half_step(side, rows, cols, nnz, f, workers, room, rc, cc, p=p, q=q,
+                                  fused=backend == "cupy", parts_outer=parts_outer,
+                                  fixed_on_host=fixed_on_host, seconds=seconds)  # fmt: skip
+
             if host is None or host == side:
                 return plan()
             options = []

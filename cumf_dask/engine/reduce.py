@@ -48,7 +48,8 @@ def final_inputs(
 ) -> list[Future]:
     """The inputs of the final sum of one slice on worker `target`.
 
-    `partials[i]` is the slice of part i's partial (A, B), held by worker `sources[i]`.
+    `partials[i]` is the slice of one worker's sum of its parts' partial (A, B), held by
+    worker `sources[i]`.
     scatter and one: the partials themselves. two-phase: one sum per group of workers, on
     the target when it is in the group, else on the group's first worker.
     """

@@ -180,6 +180,7 @@ def hermitian_slices(
     with out_of_memory_as(_on(block), _SMALLER):
         A, B = be.hermitian(block, be.prepare_fixed(fixed), spec)
         packed = be.pack(A)
+        del A  # before the sum below: the packed copy fits in A's planned room
     if into is None:
         return [(packed[a:b], B[a:b]) for a, b in slices]
     for (sum_a, sum_b), (a, b) in zip(into, slices, strict=True):

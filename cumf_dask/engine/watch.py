@@ -27,6 +27,8 @@ from typing import Any
 
 from distributed import Client, Future, as_completed
 
+from .cluster import workers_info
+
 POLL_S = 0.5  # how often a wait asks the scheduler about its workers
 PAUSED_S = 20.0  # a worker paused this long for memory while tasks wait: out of memory
 
@@ -119,7 +121,7 @@ class Watch:
     # ------------------------------------------------------------------ the scheduler's view
     def check(self, futures: Sequence[Future] = ()) -> None:
         """Raise WorkerLost if a placement worker is gone, WorkersPaused if one stays paused."""
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        info = workers_info(self.client)
         lost = [w for w in self.workers if w not in info]
         if lost:  # the futures are dropped, not cancelled (cancelling tasks stuck in
             # no-worker state can break the scheduler's client stream in distributed 2026.8)
