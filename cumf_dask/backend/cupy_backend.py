@@ -299,8 +299,6 @@ class CupyBackend(Backend):
             out = pinned_empty(shape, parts[0].dtype, pooled=True)
             np.concatenate(parts, axis=0, out=out)
             return out
-        if all(not isinstance(p, np.ndarray) for p in parts):
-            return cp.concatenate(parts, axis=0)
         out = cp.empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
         start = 0
         for part in parts:

@@ -388,17 +388,13 @@ class SUALSEngine:
         are held until the last part."""
         reduction, ahead, workers = self.plan.reduction, self._ahead, len(self.place.workers)
         sums: list[dict[str, Future]] = [{} for _ in range(h.q)]
-        copies: dict[str, tuple[int, Future]] = {}  # worker: (part, its copy on the device)
         uses: dict[str, list[Future]] = {}  # worker: the hermitian tasks on its current copy
         for i, j in self._order(h):
-            worker = self.place.block(h, i, j)
+            worker = self.place.block(h, i, j)  # part i's worker (p > 1)
             if not h.parts_outer:
                 fixed_part = self.fixed_on(h, fixed, i, worker, it)
-            else:
-                if copies.get(worker, (None,))[0] != i:
-                    after = uses.pop(worker, None)  # a worker's next part after its last
-                    copies[worker] = (i, self.copied_in(h, fixed, i, worker, it, after))
-                fixed_part = copies[worker][1]
+            elif j == 0:  # part i's first batch: its copy, after the worker's previous part
+                fixed_part = self.copied_in(h, fixed, i, worker, it, uses.pop(worker, None))
             slices = slice_bounds(h.row_bounds[j + 1] - h.row_bounds[j], h.p, workers, reduction)
             herm = self.submit(
                 tasks.hermitian_slices, self.block(h, i, j, it, ahead=ahead), fixed_part,

@@ -297,7 +297,7 @@ def _half_step(
                     "larger plan.memory_budget, or fewer factors"
                 )
     if q is None:
-        q = next((qq for qq in _q_candidates(q_max) if fits(p, qq)), q_max)
+        q = next((qq for qq in _counts_from(1, q_max) if fits(p, qq)), q_max)
         if p == 1:
             q = max(q, min(workers, q_max))
     p = max(1, min(p, n_cols))
@@ -347,14 +347,10 @@ def _fastest_p(
     for p in _counts_from(first, n_cols):
         if found and p > 4 * found[0][1]:
             break
-        q_p = q if q is not None else next((qq for qq in _q_candidates(q_max) if fits(p, qq)), 0)
+        q_p = q if q is not None else next((qq for qq in _counts_from(1, q_max) if fits(p, qq)), 0)
         if q_p and fits(p, q_p):
             found.append((seconds(p, q_p), p))
     return min(found)[1] if found else n_cols + 1
-
-
-def _q_candidates(q_max: int):
-    return _counts_from(1, q_max)
 
 
 def _counts_from(first: int, last: int):
