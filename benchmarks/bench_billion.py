@@ -100,6 +100,30 @@ def print_task_seconds(records: list[dict]) -> None:
         print(f"{kind:<44}{action:>10}{seconds:>9.2f}{count:>7}")
 
 
+def print_iteration_tasks(records: list[dict], kinds: int = 4) -> None:
+    """Per iteration, the compute seconds of the busiest kinds of per-iteration task: their
+    sum and the longest task (where a slow iteration's time went)."""
+    table: dict[str, dict[int, list[float]]] = {}
+    for record in records:
+        key = str(record["key"])
+        it = re.search(r"-it(\d+)", key)
+        if it is None:
+            continue
+        kind = re.sub(r"\d+", "#", key.rsplit("-", 1)[0])
+        for span in record.get("startstops", ()):
+            if span["action"] == "compute":
+                seconds = span["stop"] - span["start"]
+                cell = table.setdefault(kind, {}).setdefault(int(it.group(1)), [0.0, 0.0])
+                cell[0] += seconds
+                cell[1] = max(cell[1], seconds)
+    busiest = sorted(table, key=lambda k: -sum(c[0] for c in table[k].values()))[:kinds]
+    print("compute seconds per iteration, sum / longest task:")
+    print(f"{'it':>3}" + "".join(f"{k[:30]:>32}" for k in busiest))
+    for it in sorted({i for k in busiest for i in table[k]}):
+        cells = [table[k].get(it, [0.0, 0.0]) for k in busiest]
+        print(f"{it:>3}" + "".join(f"{f'{c[0]:.3f} / {c[1]:.3f}':>32}" for c in cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="hugewiki")
@@ -187,6 +211,7 @@ def fit_once(store: RatingsStore, args: argparse.Namespace, config: PlanConfig) 
           f" host {memory['host_gb']:.1f} GB, GPU {memory['gpu_gb']:.1f} GB")  # fmt: skip
     if stream is not None:
         print_task_seconds(stream.data)
+        print_iteration_tasks(stream.data)
     return {"plan_config": str(config), "blocks": model.plan_.blocks,
             "host_factor": model.plan_.host_factor, "plan": plan, "transport": scheme,
             "fit_wall_s": fit_wall, "cluster_start_s": started, "steady_s": steady,

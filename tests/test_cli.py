@@ -303,7 +303,7 @@ def test_help_shows_defaults_choices_and_benchmarks(capsys):
     for option in ("--delimiter", "--seed", "--split-seed", "--tile-cols", "-k K", "--user USER"):
         line = next(x for x in text.splitlines() if x.strip().startswith(option))
         assert len(line.split(maxsplit=2 if " " in option else 1)) > 1, f"{option} has no help"
-    assert re.search(r"available benchmarks: .*kernels", text)
+    assert re.search(r"available benchmarks: .*kernels", text, re.DOTALL)
 
 
 def test_plan_of_a_local_run_starts_no_cluster(work, monkeypatch, no_cluster, capsys):

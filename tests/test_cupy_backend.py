@@ -44,6 +44,19 @@ def _lower(A):
     return A[:, low[0], low[1]]
 
 
+def _check_packed_sums(gpu, block, fixed, A0, B0):
+    """packed_hermitian gives the packed lower triangles and B of the reference A0, B0, and
+    with `into` adds them to what it holds."""
+    P, B = gpu.packed_hermitian(block, gpu.asarray(fixed))
+    assert rel_err(gpu.to_host(P), _lower(A0)) < 1e-5
+    assert rel_err(gpu.to_host(B), B0) < 1e-5
+    start = (P + 1, B - 2)
+    P2, B2 = gpu.packed_hermitian(block, gpu.asarray(fixed), into=start)
+    assert P2 is start[0] and B2 is start[1]
+    assert rel_err(gpu.to_host(P2), 2 * _lower(A0) + 1) < 1e-5
+    assert rel_err(gpu.to_host(B2), 2 * B0 - 2) < 1e-5
+
+
 @pytest.mark.parametrize("f", [1, 7, 8, 10, 16, 33, 64, 100, 128, 200, 256])
 def test_kernels_match_numpy_backend(gpu, cpu, f):
     m, n, lam = 150, 400, 0.05
@@ -54,6 +67,7 @@ def test_kernels_match_numpy_backend(gpu, cpu, f):
     A0, B0 = cpu.hermitian(block, fixed)
     assert rel_err(_lower(A), _lower(A0)) < 1e-5, seed
     assert rel_err(B, B0) < 1e-5, seed
+    _check_packed_sums(gpu, gpu.block_to_device(block), fixed, A0, B0)
     X = gpu.to_host(gpu.solve(gpu.asarray(A0), gpu.asarray(B0), gpu.asarray(counts), lam))
     assert rel_err(X, cpu.solve(A0, B0, counts, lam)) < 1e-4, seed
     X = gpu.to_host(gpu.update(gpu.block_to_device(block), gpu.asarray(fixed),
@@ -88,6 +102,7 @@ def test_long_rows_are_split_and_summed(cpu, long_row, f):
     A0, B0 = cpu.hermitian(block, fixed)
     assert rel_err(_lower(A), _lower(A0)) < 1e-5
     assert rel_err(B, B0) < 1e-5
+    _check_packed_sums(gpu, dev, fixed, A0, B0)
     X = gpu.to_host(gpu.update(dev, gpu.asarray(fixed), gpu.asarray(counts), lam))
     assert rel_err(X, cpu.update(block, fixed, counts, lam)) < 1e-4
 
@@ -366,6 +381,28 @@ def test_finite_check_on_the_gpu(gpu):
         check_finite([0, 10, 16], "cupy", False, *(gpu.asarray(p) for p in pieces))
     assert (err.value.count, err.value.row) == (1, 13)
     assert gpu.finite([]).size == 0
+
+
+def test_pooled_host_memory_is_reused_by_exact_size_once_unused(gpu):
+    """A factor's batches in host memory come back every half-step with the same sizes: the
+    page-locked memory of one that is gone is reused (not rounded up to a power of two),
+    never while a view of it is alive."""
+    from cumf_dask.backend.cupy_backend import pinned_empty
+
+    gpu.release_host_memory()
+    first = pinned_empty((1000, 7), np.float32, pooled=True)
+    address = first.ctypes.data
+    view = first[10:20]
+    del first
+    second = pinned_empty((1000, 7), np.float32, pooled=True)
+    assert second.ctypes.data != address  # the view still uses the first one's memory
+    del view
+    third = pinned_empty((1000, 7), np.float32, pooled=True)
+    assert third.ctypes.data == address
+    other = pinned_empty((1000, 8), np.float32, pooled=True)
+    assert other.ctypes.data not in (address, second.ctypes.data)
+    del second, third, other
+    gpu.release_host_memory()
 
 
 def test_solved_rows_for_host_memory_are_checked_on_the_gpu(gpu):

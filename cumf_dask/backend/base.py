@@ -85,7 +85,7 @@ class Backend(ABC):
         return np.asarray(x)
 
     def release_host_memory(self) -> None:  # noqa: B027 - a hook
-        """Give cached host memory back (the GPU's pinned memory pool); no-op here."""
+        """Give cached host memory back (page-locked memory kept for reuse); no-op here."""
 
     def concatenate(self, parts: Sequence[Any], on_device: bool = False) -> Any:
         """Row pieces of a factor joined, in the memory they are in (`on_device`: on the
@@ -152,6 +152,22 @@ class Backend(ABC):
         return self.solve(A, B, counts, spec, gram0=gram0, x0=x0)
 
     # ------------------------------------------------------------------ packing
+    def packed_hermitian(
+        self, block: Block, fixed: Any, spec: UpdateSpec | None = None, into: Any = None
+    ) -> tuple[Any, Any]:
+        """The block's partial (A, B) with A's lower triangles packed (:meth:`pack`), as the
+        reductions move them; `into`: such a pair (of the same rows) that they are added to
+        in place, and which is returned."""
+        A, B = self.hermitian(block, fixed, spec)
+        packed = self.pack(A)
+        del A  # before the sum: the packed copy fits in A's room
+        if into is None:
+            return packed, B
+        sum_a, sum_b = into
+        sum_a += packed
+        sum_b += B
+        return into
+
     def pack(self, A: Any) -> Any:
         """Lower triangle of each f x f matrix, row-major: (r, f(f+1)/2)."""
         f = A.shape[-1]

@@ -12,7 +12,8 @@ and B (row f), and the Cholesky factor of that extended matrix carries the forwa
   bins (``cp.async`` one bin ahead of the arithmetic). Rows longer than ``long_row``
   ratings are cut into segments whose partial tiles are summed with atomics, so a heavy
   item never serializes on one block. Only rows without ratings and split rows are zeroed
-  first: the others are stored whole.
+  first: the others are stored whole. ``packed_hermitian`` (p > 1): the same kernels write
+  packed lower triangles and add them to the worker's running sums.
 * ``solve``: own batched Cholesky, one block per system (several small systems per block
   for f <= 40), the matrix held as register tiles (right-looking tiled factorization,
   panels through shared memory). It beat cuSOLVER ``potrfBatched``/``potrsBatched`` and
@@ -220,22 +221,60 @@ class _UpdateRows:
     batches: list[tuple[Any, _GramLaunches]]  # long rows in batches: (rows, their Gram)
 
 
+class _PinnedBlocks:
+    """Page-locked host memory kept for reuse, by exact size.
+
+    For arrays made again every half-step (the batches of a factor in host memory), which
+    would pay for page-locking each time (about a second per GB). Not CuPy's pinned pool: it
+    rounds every request up to a power of two (a factor's 1.1 GB batch took 2 GB) and shares
+    those sizes with its own transfer buffers. A block is reused once every view of the
+    array it backed is gone."""
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[Any]] = {}
+        self._lock = threading.RLock()  # a finalizer may run inside take() (a collection)
+
+    def take(self, nbytes: int) -> Any:
+        with self._lock:
+            free = self._free.get(nbytes)
+            memory = free.pop() if free else None
+        if memory is None:
+            try:
+                memory = cp.cuda.PinnedMemory(nbytes)
+            except cp.cuda.runtime.CUDARuntimeError as exc:
+                if exc.status != cp.cuda.runtime.errorMemoryAllocation:
+                    raise
+                self.clear()  # the blocks kept for other sizes may be what is missing
+                memory = cp.cuda.PinnedMemory(nbytes)
+        return memory
+
+    def give_back(self, nbytes: int, memory: Any) -> None:
+        with self._lock:
+            self._free.setdefault(nbytes, []).append(memory)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
+_PINNED = _PinnedBlocks()
+
+
 def pinned_empty(shape: tuple[int, ...], dtype: Any, pooled: bool = False) -> np.ndarray:
     """An uninitialized NumPy array in page-locked host memory.
 
-    By default allocated outside CuPy's pinned memory pool, so the memory goes back to the
-    system when the array is dropped (pooled, a fit's host-tier blocks stayed in the
-    worker's resident memory after it). `pooled`: from the pool, for arrays made again every
-    half-step (a factor in host memory), which would pay for page-locking each time
-    (hundreds of ms per GB); ``release_host_memory`` gives the pool's free memory back."""
+    By default its memory goes back to the system when the array is dropped (kept, a fit's
+    host-tier blocks stayed in the worker's resident memory after it). `pooled`: kept for
+    the next array of the same size (:class:`_PinnedBlocks`); ``release_host_memory``
+    gives what is kept back."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if nbytes == 0:
         return np.empty(shape, dtype)
+    memory = _PINNED.take(nbytes) if pooled else cp.cuda.PinnedMemory(nbytes)
+    array = np.ndarray(shape, dtype, cp.cuda.PinnedMemoryPointer(memory, 0))
     if pooled:
-        memory = cp.cuda.alloc_pinned_memory(nbytes)
-    else:
-        memory = cp.cuda.PinnedMemoryPointer(cp.cuda.PinnedMemory(nbytes), 0)
-    return np.ndarray(shape, dtype, memory)
+        weakref.finalize(array, _PINNED.give_back, nbytes, memory)
+    return array
 
 
 def pinned_copy(array: np.ndarray) -> np.ndarray:
@@ -287,7 +326,8 @@ class CupyBackend(Backend):
         return out
 
     def release_host_memory(self) -> None:
-        """Give the pinned memory pool's free blocks back to the system."""
+        """Give the page-locked memory kept for reuse back to the system."""
+        _PINNED.clear()
         cp.get_default_pinned_memory_pool().free_all_blocks()
 
     def concatenate(self, parts: Sequence[Any], on_device: bool = False) -> Any:
@@ -397,10 +437,11 @@ class CupyBackend(Backend):
         B: Any,
         scale: Any = None,
         spec: UpdateSpec | None = None,
+        sum_into: bool = False,
     ):
         """A[out], B[out] of the rows that `launches` cover (:meth:`_gram_launches`): the
         Gram of their fixed rows, scaled by `scale` (implicit; csr's values are then the t
-        of each rating)."""
+        of each rating). `sum_into`: A holds packed lower triangles, and both are added to."""
         indices, values = csr[1], csr[2]
         f = fixed.shape[1]
         threads, groups = launch_shape(padded_size(f))
@@ -408,15 +449,15 @@ class CupyBackend(Backend):
         if launches.row is not None:
             row_out, row_lo, row_hi = launches.row
             args = (indices, values, scale, fixed, row_out, row_lo, row_hi,
-                    np.int32(row_out.size), A, B)  # fmt: skip
+                    np.int32(row_out.size), A, B, np.int32(sum_into))  # fmt: skip
             found["row_hermitian"]((-(-row_out.size // 128),), (128,), args)
-        if launches.zero is not None:
+        if launches.zero is not None and not sum_into:
             A[launches.zero] = 0
             B[launches.zero] = 0
         for seg_out, seg_lo, seg_hi, atomic in launches.tiled:
-            args = (indices, values, scale, fixed, np.int32(f), vec, seg_out)
-            found["hermitian"]((seg_out.size, groups), (threads,),
-                               (*args, seg_lo, seg_hi, atomic, A, B))  # fmt: skip
+            args = (indices, values, scale, fixed, np.int32(f), vec, seg_out, seg_lo, seg_hi,
+                    atomic, A, B, np.int32(sum_into))  # fmt: skip
+            found["hermitian"]((seg_out.size, groups), (threads,), args)
 
     def _gram_launches(self, indptr: Any, rows: Any, out: Any, row_kernel: bool) -> _GramLaunches:
         """How :meth:`_gram` covers `rows`: rows of up to long_row ratings are stored whole
@@ -644,16 +685,38 @@ class CupyBackend(Backend):
             # Rows with ratings are stored by _gram; only the others need zeros.
             A = cp.empty((block.n_rows, f, f), cp.float32)
             B = cp.empty((block.n_rows, f), cp.float32)
-            degree = cp.diff(csr[0])
-            empty = cp.flatnonzero(degree == 0)
+            empty = cp.flatnonzero(cp.diff(csr[0]) == 0)
             if empty.size:
                 A[empty] = 0
                 B[empty] = 0
-            rows = cp.flatnonzero(degree > 0).astype(cp.int32)
-            if rows.size:
-                launches = self._gram_launches(csr[0], rows, rows, self._row_kernel(fixed, spec))
-                self._gram(csr, fixed, vec, launches, A, B, scale, spec)
+            self._gram_rated(csr, scale, fixed, vec, A, B, spec, sum_into=False)
             return A, B
+
+    def packed_hermitian(
+        self, block: Block, fixed: Any, spec: UpdateSpec | None = None, into: Any = None
+    ) -> tuple[Any, Any]:
+        """The Gram kernels write the packed layout and add to `into` (or to zeros)
+        themselves: no f x f A, no pack, no separate sum (update Theta of the Facebook
+        shape spent as long on those as on the Gram)."""
+        with out_of_memory_as(f"building A, B for a block of {block.n_rows} rows", _SMALLER):
+            fixed, vec = self._factor(fixed)
+            f = fixed.shape[1]
+            csr, scale = self._weighted(block, spec)
+            if into is None:
+                into = (cp.zeros((block.n_rows, f * (f + 1) // 2), cp.float32),
+                        cp.zeros((block.n_rows, f), cp.float32))  # fmt: skip
+            self._gram_rated(csr, scale, fixed, vec, *into, spec, sum_into=True)
+            return into
+
+    def _gram_rated(
+        self, csr: tuple, scale: Any, fixed: Any, vec: np.int32, A: Any, B: Any,
+        spec: UpdateSpec | None, sum_into: bool,
+    ) -> None:  # fmt: skip
+        """:meth:`_gram` of the rows of `csr` that have ratings."""
+        rows = cp.flatnonzero(cp.diff(csr[0]) > 0).astype(cp.int32)
+        if rows.size:
+            launches = self._gram_launches(csr[0], rows, rows, self._row_kernel(fixed, spec))
+            self._gram(csr, fixed, vec, launches, A, B, scale, spec, sum_into)
 
     def solve(
         self,

@@ -339,6 +339,11 @@ class _Run:
                 current = X, theta = pending
                 pending = self._submit(it + 1, theta, X) if lookahead and it < last else None
                 self._wait(X, "x", it, state)
+                # The X before is not needed once this one is solved (a recovery starts from
+                # a checkpoint): let it go now, not after update Theta, when the next X may
+                # already be made (a factor in host memory then reuses its page-locked memory
+                # instead of locking more: seen as a 1.5 s batch now and then).
+                state.X = X
                 self._wait(theta, "theta", it, state)
                 x_end, theta_end = self.engine.finished_at(X, theta)
                 seconds = (max(x_end - begun, 0.0), max(theta_end - x_end, 0.0))

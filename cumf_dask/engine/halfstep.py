@@ -31,7 +31,6 @@ present after a loss.
 
 from __future__ import annotations
 
-import operator
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -380,13 +379,13 @@ class SUALSEngine:
         self, h: HalfStepPlan, fixed: Factor, it: int
     ) -> Iterator[tuple[int, dict[str, Future]]]:
         """p > 1: (batch, each worker's sum of the partial Hermitians of its parts, by worker)
-        as soon as a batch's are submitted (``tasks.hermitian_slices`` adds each part's to
+        as soon as a batch's are submitted (``tasks.hermitian_sums`` adds each part's to
         the previous part's, in place), so its reduction is submitted before the next batch.
         Batches are the outer loop (a worker holds the sums of about one batch at a time),
         or with ``h.parts_outer`` the parts are: each part of a fixed factor in host memory
         is then copied to the device once, not once per batch, and the sums of all batches
         are held until the last part."""
-        reduction, ahead, workers = self.plan.reduction, self._ahead, len(self.place.workers)
+        ahead = self._ahead
         sums: list[dict[str, Future]] = [{} for _ in range(h.q)]
         uses: dict[str, list[Future]] = {}  # worker: the hermitian tasks on its current copy
         for i, j in self._order(h):
@@ -395,10 +394,9 @@ class SUALSEngine:
                 fixed_part = self.fixed_on(h, fixed, i, worker, it)
             elif j == 0:  # part i's first batch: its copy, after the worker's previous part
                 fixed_part = self.copied_in(h, fixed, i, worker, it, uses.pop(worker, None))
-            slices = slice_bounds(h.row_bounds[j + 1] - h.row_bounds[j], h.p, workers, reduction)
             herm = self.submit(
-                tasks.hermitian_slices, self.block(h, i, j, it, ahead=ahead), fixed_part,
-                slices, self.backend, self.spec, sums[j].get(worker),
+                tasks.hermitian_sums, self.block(h, i, j, it, ahead=ahead), fixed_part,
+                self.backend, self.spec, sums[j].get(worker),
                 key=f"hermitian-{h.label}-batch{j}-part{i}-it{it}", worker=worker,
             )  # fmt: skip
             if h.parts_outer:
@@ -432,9 +430,9 @@ class SUALSEngine:
             slices = slice_bounds(hi - lo, h.p, len(workers), reduction)
             sources = [self.place.index(worker) for worker in sums]
             partials = [[self.submit(
-                operator.getitem, herm, k, worker=worker, compute=False,
+                tasks.rows_of, herm, a, b, worker=worker, compute=False,
                 key=f"slice-{h.label}-batch{j}-w{self.place.index(worker)}-slice{k}-it{it}",
-            ) for worker, herm in sums.items()] for k in range(len(slices))]  # fmt: skip
+            ) for worker, herm in sums.items()] for k, (a, b) in enumerate(slices)]  # fmt: skip
             for k, (a, b) in enumerate(slices):
                 target = self.place.reduced_slice(k, reduction)
                 tag = f"{h.label}-batch{j}-slice{k}-it{it}"

@@ -163,30 +163,25 @@ def update(
     return _kept(be, X, host, row0)
 
 
-def hermitian_slices(
+def hermitian_sums(
     block: Block,
     fixed: Any,
-    slices: list[tuple[int, int]],
     backend: str,
     spec: UpdateSpec | None = None,
-    into: list[tuple[Any, Any]] | None = None,
-) -> list[tuple[Any, Any]]:
-    """p > 1: partial (packed A, B) of one block, cut into the reduce-scatter slices
-    (without G0 or the regularization: both are added once, in the solve). `into`: what
-    this task returned for the worker's previous part of the same rows; this block's
-    partial is added to it in place (each worker sends one sum of its parts to the
-    reduction), and it is returned."""
+    into: tuple[Any, Any] | None = None,
+) -> tuple[Any, Any]:
+    """p > 1: the partial (packed A, B) of one block (without G0 or the regularization:
+    both are added once, in the solve). `into`: what this task returned for the worker's
+    previous part of the same rows; this block's partial is added to it in place (each
+    worker sends one sum of its parts to the reduction), and it is returned."""
     be = get_backend(backend)
     with out_of_memory_as(_on(block), _SMALLER):
-        A, B = be.hermitian(block, be.prepare_fixed(fixed), spec)
-        packed = be.pack(A)
-        del A  # before the sum below: the packed copy fits in A's planned room
-    if into is None:
-        return [(packed[a:b], B[a:b]) for a, b in slices]
-    for (sum_a, sum_b), (a, b) in zip(into, slices, strict=True):
-        sum_a += packed[a:b]
-        sum_b += B[a:b]
-    return into
+        return be.packed_hermitian(block, be.prepare_fixed(fixed), spec, into)
+
+
+def rows_of(pair: tuple[Any, Any], lo: int, hi: int) -> tuple[Any, Any]:
+    """Rows [lo, hi) of a partial (packed A, B): one reduce-scatter slice."""
+    return pair[0][lo:hi], pair[1][lo:hi]
 
 
 def finished(_: Any) -> None:

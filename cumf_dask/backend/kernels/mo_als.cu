@@ -45,8 +45,9 @@
 // so every index is a constant and nothing spills to local memory.
 //
 // Kernels: hermitian_kernel (A, B of row segments, summed with atomics when a long row is
-// split), update_kernel (fused Gram -> Cholesky or CG -> x_u per row, A stays on chip),
-// row_update_kernel (the same, one thread per row, small f), solve_kernel (the Cholesky from
+// split; with sum_into, A's lower triangle packed by rows and added to what A, B hold: a
+// partial Hermitian summed in place, no f x f A), update_kernel (fused Gram -> Cholesky or
+// CG -> x_u per row, A stays on chip), row_update_kernel (the same, one thread per row, small f), solve_kernel (the Cholesky from
 // A in memory, several small systems per block), cg_solve_kernel (CG from A in memory, one
 // system per block). MINB, the minimum resident blocks per SM given to __launch_bounds__,
 // caps their registers.
@@ -477,6 +478,8 @@ __device__ __forceinline__ void chol_solve(float (&acc)[TILE][TILE], int ib, int
 // (ratings [seg_lo[s], seg_hi[s]) of output row seg_out[s]) into A (rows, f, f, lower
 // triangle) and B (rows, f), rows scaled by `scale` when SCALED. With `atomic`, rows split over several segments sum up in
 // place (A, B zeroed by the caller); without, each row has one segment and is stored.
+// With `sum_into`, A holds packed lower triangles (rows, f(f+1)/2) and every value is added
+// to what is there.
 // MINB: minimum resident blocks per SM asked of the compiler (as for update_kernel).
 template <int F, int NT, int MINB, typename T, bool SCALED>
 __global__ void __launch_bounds__(NT, MINB)
@@ -484,7 +487,7 @@ __global__ void __launch_bounds__(NT, MINB)
                      const float* __restrict__ scale, const T* __restrict__ fixed, int f, int vec,
                      const int* __restrict__ seg_out, const long long* __restrict__ seg_lo,
                      const long long* __restrict__ seg_hi, int atomic, float* __restrict__ A,
-                     float* __restrict__ B) {
+                     float* __restrict__ B, int sum_into) {
     __shared__ __align__(16) unsigned char bins[Bins<F, NT, T, SCALED>::BYTES];
     const int s = blockIdx.x;
     const int t = blockIdx.y * NT + threadIdx.x;
@@ -496,10 +499,10 @@ __global__ void __launch_bounds__(NT, MINB)
                    ib * TILE, jb * TILE, active);
     if (!active) return;
     const long long u = seg_out[s];
-    float* Au = A + u * f * f;
+    float* Au = A + u * (sum_into ? f * (f + 1) / 2 : f * f);
     float* Bu = B + u * f;
     // Whole 8-float rows of off-diagonal tiles go out as two 16-byte stores.
-    const bool wide = !atomic && vec && jb < ib && (jb + 1) * TILE <= f;
+    const bool wide = !atomic && !sum_into && vec && jb < ib && (jb + 1) * TILE <= f;
 #pragma unroll
     for (int r = 0; r < TILE; ++r) {
         const int i = ib * TILE + r;
@@ -513,10 +516,11 @@ __global__ void __launch_bounds__(NT, MINB)
         for (int c = 0; c < TILE; ++c) {
             const int j = jb * TILE + c;
             float* dst = nullptr;
-            if (i < f && j <= i) dst = Au + i * f + j;
+            if (i < f && j <= i) dst = Au + (sum_into ? i * (i + 1) / 2 + j : i * f + j);
             else if (i == f && j < f) dst = Bu + j;
             if (dst == nullptr) continue;
             if (atomic) atomicAdd(dst, acc[r][c]);
+            else if (sum_into) *dst += acc[r][c];
             else *dst = acc[r][c];
         }
     }
@@ -722,14 +726,15 @@ __global__ void __launch_bounds__(128)
 }
 
 // Partial Gram of whole rows, one thread per row (small f): A[out[t]] (lower triangle) and
-// B[out[t]] of the ratings [seg_lo[t], seg_hi[t]), t < n, stored (the rows are not split).
+// B[out[t]] of the ratings [seg_lo[t], seg_hi[t]), t < n, stored (the rows are not split);
+// with sum_into, added to A (packed lower triangles, as hermitian_kernel's) and B.
 template <int FE, int U, typename T, bool SCALED>
 __global__ void __launch_bounds__(128)
     row_hermitian_kernel(const int* __restrict__ idx, const float* __restrict__ val,
                          const float* __restrict__ scale, const T* __restrict__ fixed,
                          const int* __restrict__ out, const long long* __restrict__ seg_lo,
                          const long long* __restrict__ seg_hi, int n, float* __restrict__ A,
-                         float* __restrict__ B) {
+                         float* __restrict__ B, int sum_into) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
     float a[FE * (FE + 1) / 2], b[FE];
@@ -741,11 +746,15 @@ __global__ void __launch_bounds__(128)
     }
     row_gram<FE, U, T, SCALED>(a, b, idx, val, scale, fixed, seg_lo[t], seg_hi[t]);
     const long long u = out[t];
-    float* Au = A + u * FE * FE;
+    float* Au = A + u * (sum_into ? FE * (FE + 1) / 2 : FE * FE);
+    float* Bu = B + u * FE;
 #pragma unroll
     for (int i = 0; i < FE; ++i) {
-        B[u * FE + i] = b[i];
+        Bu[i] = sum_into ? Bu[i] + b[i] : b[i];
 #pragma unroll
-        for (int j = 0; j <= i; ++j) Au[i * FE + j] = a[packed(i, j)];
+        for (int j = 0; j <= i; ++j) {
+            float* dst = Au + (sum_into ? packed(i, j) : i * FE + j);
+            *dst = sum_into ? *dst + a[packed(i, j)] : a[packed(i, j)];
+        }
     }
 }
