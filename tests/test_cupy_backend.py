@@ -405,6 +405,32 @@ def test_pooled_host_memory_is_reused_by_exact_size_once_unused(gpu):
     gpu.release_host_memory()
 
 
+def test_staged_copy_is_kept_until_the_kernels_that_read_it_end(gpu, cpu):
+    """A host-tier block copied for one use (on a side stream) equals the block, its
+    Hermitian the host one's, and once retired it is let go only after those kernels."""
+    import weakref
+
+    import cupy
+
+    from cumf_dask.backend.cupy_backend import pinned_copy
+
+    *_, block, fixed = _problem(300, 500, 10, 0.05, int(np.random.default_rng().integers(1 << 30)))
+    host = Block(pinned_copy(block.indptr), pinned_copy(block.indices),
+                 pinned_copy(block.values), 0, 0, block.n_rows, block.n_cols)  # fmt: skip
+    staged = gpu.staged_copy(host)
+    assert all(np.array_equal(gpu.to_host(getattr(staged, a)), getattr(block, a))
+               for a in ("indptr", "indices", "values"))  # fmt: skip
+    P, B = gpu.packed_hermitian(staged, gpu.asarray(fixed))
+    A0, B0 = cpu.hermitian(block, fixed)
+    assert rel_err(gpu.to_host(P), _lower(A0)) < 1e-5 and rel_err(gpu.to_host(B), B0) < 1e-5
+    gpu.retire(staged)
+    kept = weakref.ref(staged)
+    del staged
+    cupy.cuda.get_current_stream().synchronize()
+    gpu.retire(block)  # drops what is retired and done
+    assert kept() is None
+
+
 def test_solved_rows_for_host_memory_are_checked_on_the_gpu(gpu):
     """A solved batch kept in host memory is checked before it is copied out (the half-step's
     check then does not scan it on the host) and lands in pinned memory."""

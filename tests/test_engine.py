@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from conftest import BACKENDS, random_ratings, rel_err
+from distributed import get_task_stream
 from distributed.diagnostics.plugin import WorkerPlugin
 from reference import reference_als
 
 from cumf_dask.config import HalfStepConfig, PlanConfig
 from cumf_dask.data.spill import build_store
 from cumf_dask.engine import fit as fit_module
+from cumf_dask.engine import halfstep
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
 
@@ -153,10 +156,12 @@ class HeldBlocks(WorkerPlugin):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("blocks", ["host", "store"])
-def test_block_tiers_match_reference(stores, clients, reference, blocks, backend):
+def test_block_tiers_match_reference(stores, clients, reference, blocks, backend, monkeypatch):
     """Blocks in (pinned) host memory, or read from the store by every half-step, give the
     reference's factors; streamed blocks are read one ahead of the computation, so a worker
-    never holds more than two (here 6 batches and 2 parts per worker and half-step)."""
+    never holds more than two (here 6 batches and 2 parts per worker and half-step). Host
+    blocks are copied ahead by tasks of their own (made so at this size)."""
+    monkeypatch.setattr(halfstep, "STAGED_BLOCK_BYTES", 0)
     client = clients(1)
     client.register_plugin(HeldBlocks())
     try:
@@ -205,6 +210,27 @@ def test_parts_outer_schedule_matches_reference(stores, clients, reference, monk
     model = _fit(stores[BIG], clients(2), x=HalfStepConfig(p=1, q=3),
                  theta=HalfStepConfig(p=3, q=2))  # fmt: skip
     assert model.plan_.theta.parts_outer and model.plan_.theta.p == 3
+    assert rel_err(model.user_factors_, reference[0]) < 1e-4
+    assert rel_err(model.item_factors_, reference[1]) < 1e-4
+
+
+def test_staged_host_blocks_match_reference(stores, clients, reference, monkeypatch):
+    """The schedule of blocks in host memory copied to the device ahead of their use
+    (``plan.blocks: host`` on GPU workers, big blocks), run on CPU workers: a copy task per
+    use, each bounded to one block ahead; the same factors."""
+    make_plan = fit_module.make_plan
+
+    def host_blocks(*args, **kwargs):
+        return replace(make_plan(*args, **kwargs), blocks="host")
+
+    monkeypatch.setattr(fit_module, "make_plan", host_blocks)
+    monkeypatch.setattr(halfstep, "STAGED_BLOCK_BYTES", 0)
+    client = clients(2)
+    with get_task_stream(client) as stream:
+        model = _fit(stores[BIG], client, x=HalfStepConfig(p=1, q=3),
+                     theta=HalfStepConfig(p=3, q=2))  # fmt: skip
+    staged = [t for t in stream.data if str(t["key"]).startswith("stage-")]
+    assert model.plan_.blocks == "host" and len(staged) == ITERS * (3 + 3 * 2)
     assert rel_err(model.user_factors_, reference[0]) < 1e-4
     assert rel_err(model.item_factors_, reference[1]) < 1e-4
 

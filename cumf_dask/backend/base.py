@@ -110,6 +110,15 @@ class Backend(ABC):
             values=self.asarray(block.values),
         )
 
+    def staged_copy(self, block: Block) -> Block:
+        """A host block copied to the device for one use, beside the kernels computing now
+        (kernels that read it then :meth:`retire` it); here the host is the device."""
+        return self.block_to_device(block)
+
+    def retire(self, block: Block) -> None:  # noqa: B027 - a hook
+        """The kernels queued so far are the last to read `block` (a :meth:`staged_copy`:
+        its memory must not be reused before they end); no-op here."""
+
     # ------------------------------------------------------------------ ALS kernels
     @abstractmethod
     def hermitian(

@@ -311,6 +311,9 @@ class CupyBackend(Backend):
         self.threads_per_sm = threads_per_sm
         # id(block): (counts, key, rows), see _update_rows
         self._row_sets: dict[int, tuple[Any, tuple, _UpdateRows]] = {}
+        self._copies: Any = None  # the side stream of staged_copy, made at its first use
+        self._retired: list[tuple[Any, Block]] = []  # (event, block) kept until the event
+        self._retired_lock = threading.Lock()
 
     def to_host(self, x: Any) -> np.ndarray:
         return cp.asnumpy(x)
@@ -349,6 +352,35 @@ class CupyBackend(Backend):
                 rows[...] = part
             start += len(part)
         return out
+
+    def staged_copy(self, block: Block) -> Block:
+        """The block's arrays copied from host memory on a side stream that does not wait for
+        the kernels queued on the default stream, so the next block arrives while the
+        current one is computed (a host-tier task took its copy plus its kernels). Returns
+        once the copy is done.
+
+        Its device memory comes from the side stream's share of CuPy's pool, which knows
+        nothing of the default stream: a block's memory could go to the next copy while
+        kernels still read it. So its users :meth:`retire` it, and it is kept until they end.
+        """
+        self._drop_retired()
+        if self._copies is None:
+            self._copies = cp.cuda.Stream(non_blocking=True)
+        with self._copies:
+            copied = self.block_to_device(block)
+            self._copies.synchronize()
+        return copied
+
+    def retire(self, block: Block) -> None:
+        """Keep `block` (its device memory) until the kernels queued so far have ended."""
+        done = cp.cuda.get_current_stream().record()
+        with self._retired_lock:
+            self._retired.append((done, block))
+        self._drop_retired()
+
+    def _drop_retired(self) -> None:
+        with self._retired_lock:
+            self._retired = [(done, block) for done, block in self._retired if not done.done]
 
     def memory_capacity(self) -> int | None:
         """The default memory pool's limit when one is set, else the GPU's total memory."""

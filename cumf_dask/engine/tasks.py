@@ -47,6 +47,13 @@ def load_block(
     return be.host_block(bands, threads) if host else be.block_from_bands(bands, threads)
 
 
+def staged_copy(block: Block, backend: str, after: Any = None) -> Block:
+    """A host-tier block copied to the device for one use, while the worker computes on the
+    block before it (:meth:`~cumf_dask.backend.base.Backend.staged_copy`). `after`: the
+    task this copy waits for (one block computing, one arriving); unused."""
+    return get_backend(backend).staged_copy(block)
+
+
 def prepare(f: int, backend: str, spec: UpdateSpec | None = None) -> None:
     """Compile the backend's kernels for f factors (runs while the blocks load)."""
     get_backend(backend).prepare(f, spec)
@@ -160,6 +167,7 @@ def update(
     be = get_backend(backend)
     with out_of_memory_as(_on(block), _SMALLER):
         X = be.update(block, be.prepare_fixed(fixed), counts, spec, gram0=gram0, x0=x0)
+    be.retire(block)
     return _kept(be, X, host, row0)
 
 
@@ -176,7 +184,9 @@ def hermitian_sums(
     worker sends one sum of its parts to the reduction), and it is returned."""
     be = get_backend(backend)
     with out_of_memory_as(_on(block), _SMALLER):
-        return be.packed_hermitian(block, be.prepare_fixed(fixed), spec, into)
+        sums = be.packed_hermitian(block, be.prepare_fixed(fixed), spec, into)
+    be.retire(block)
+    return sums
 
 
 def rows_of(pair: tuple[Any, Any], lo: int, hi: int) -> tuple[Any, Any]:
