@@ -329,9 +329,11 @@ class CupyBackend(Backend):
         return out
 
     def release_host_memory(self) -> None:
-        """Give the page-locked memory kept for reuse back to the system."""
+        """Give the page-locked memory kept for reuse back to the system (and let go of the
+        staged blocks whose kernels have ended: a fit's last ones are not followed by more)."""
         _PINNED.clear()
         cp.get_default_pinned_memory_pool().free_all_blocks()
+        self._drop_retired()
 
     def concatenate(self, parts: Sequence[Any], on_device: bool = False) -> Any:
         """Row pieces joined on the device, or in pinned host memory when they are there

@@ -579,8 +579,8 @@ class SUALSEngine:
 
     def release(self) -> None:
         """Let go of the resident blocks and counts held on the workers (and of the pinned
-        memory a factor in host memory was pooled in)."""
+        memory a factor in host memory was pooled in, and of staged blocks' copies)."""
         self._resident.clear()
         self._ahead = self._read_ahead("update")
-        if self.plan.host_factor is not None:
+        if self.plan.host_factor is not None or self.plan.blocks == "host":
             self.client.run(tasks.release_host_memory, self.backend, workers=self.place.workers)
