@@ -19,6 +19,9 @@ before and drained after) beside its phases, each timed alone on data already in
 
 The ratio "task / (copy + compute phases)" above 1 is time the task spends on neither (host
 work, waits on the GPU between launches); "task / copy" is how far it is from the bus.
+Tasks here copy their block themselves, as the engine's do for blocks under 256 MB; bigger
+ones (update X's) are copied by a task of their own while the block before computes
+(``tasks.staged_copy``), which only a whole fit shows (``bench_billion.py --profile``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ columns in order).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,9 @@ class Block:
 
     In the "col" orientation the roles swap: rows are items and columns are users.
     ``indices`` are local (column - col0), int32; ``indptr`` is int64. Arrays are NumPy or
-    CuPy, whichever the backend moved them to.
+    CuPy, whichever the backend moved them to. ``source``: the block this one is a copy of
+    for one use (a host block staged on the device), with which what a backend finds from
+    it once (a block's row sets) is kept.
     """
 
     indptr: Any
@@ -38,6 +40,7 @@ class Block:
     col0: int
     n_rows: int
     n_cols: int
+    source: Block | None = field(default=None, compare=False, repr=False)
 
     @property
     def nnz(self) -> int:

@@ -313,7 +313,7 @@ class CupyBackend(Backend):
         self._row_sets: dict[int, tuple[Any, tuple, _UpdateRows]] = {}
         self._copies: Any = None  # the side stream of staged_copy, made at its first use
         self._retired: list[tuple[Any, Block]] = []  # (event, block) kept until the event
-        self._retired_lock = threading.Lock()
+        self._lock = threading.Lock()  # for both
 
     def to_host(self, x: Any) -> np.ndarray:
         return cp.asnumpy(x)
@@ -334,6 +334,8 @@ class CupyBackend(Backend):
         _PINNED.clear()
         cp.get_default_pinned_memory_pool().free_all_blocks()
         self._drop_retired()
+        if self._copies is not None:  # the staged copies' device memory kept by CuPy's pool
+            cp.get_default_memory_pool().free_all_blocks(stream=self._copies)
 
     def concatenate(self, parts: Sequence[Any], on_device: bool = False) -> Any:
         """Row pieces joined on the device, or in pinned host memory when they are there
@@ -366,22 +368,23 @@ class CupyBackend(Backend):
         kernels still read it. So its users :meth:`retire` it, and it is kept until they end.
         """
         self._drop_retired()
-        if self._copies is None:
-            self._copies = cp.cuda.Stream(non_blocking=True)
-        with self._copies:
+        with self._lock:  # two loading threads may come first at once
+            if self._copies is None:
+                self._copies = cp.cuda.Stream(non_blocking=True)
+        with self._copies as stream:
             copied = self.block_to_device(block)
-            self._copies.synchronize()
-        return copied
+            stream.synchronize()
+        return replace(copied, source=block)
 
     def retire(self, block: Block) -> None:
         """Keep `block` (its device memory) until the kernels queued so far have ended."""
         done = cp.cuda.get_current_stream().record()
-        with self._retired_lock:
+        with self._lock:
             self._retired.append((done, block))
         self._drop_retired()
 
     def _drop_retired(self) -> None:
-        with self._retired_lock:
+        with self._lock:
             self._retired = [(done, block) for done, block in self._retired if not done.done]
 
     def memory_capacity(self) -> int | None:
@@ -520,8 +523,9 @@ class CupyBackend(Backend):
         `counts` object, f's path): finding them synchronizes with the GPU, and a resident
         block's update otherwise returns as soon as its kernels are queued, so the next
         tasks (a gather, the other half-step) are queued while they run. Forgotten with the
-        block."""
+        block (a staged copy's are its source's)."""
         key = (f <= MAX_FUSED_F, row_kernel, self.long_row)
+        block = block.source or block  # a staged copy: its rows are its source's
         found = self._row_sets.get(id(block))
         if found is not None and found[0] is counts and found[1] == key:
             return found[2]

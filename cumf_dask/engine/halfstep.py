@@ -439,6 +439,8 @@ class SUALSEngine:
                     tasks.finished, herm, worker=worker, compute=False,
                     key=f"hermitian-done-{h.label}-batch{j}-part{i}-it{it}",
                 ))  # fmt: skip
+            else:  # still bounds the copies of the next half-step's first blocks
+                ahead.computed(worker, herm)
             sums[j][worker] = herm
             if i == h.p - 1 and not h.parts_outer:
                 yield j, sums[j]

@@ -165,9 +165,11 @@ def update(
     row0: the solved rows (from row `row0` of the factor) go to host memory (:func:`_kept`).
     """
     be = get_backend(backend)
-    with out_of_memory_as(_on(block), _SMALLER):
-        X = be.update(block, be.prepare_fixed(fixed), counts, spec, gram0=gram0, x0=x0)
-    be.retire(block)
+    try:
+        with out_of_memory_as(_on(block), _SMALLER):
+            X = be.update(block, be.prepare_fixed(fixed), counts, spec, gram0=gram0, x0=x0)
+    finally:
+        be.retire(block)  # also after a failure: kernels may be queued on it
     return _kept(be, X, host, row0)
 
 
@@ -183,10 +185,11 @@ def hermitian_sums(
     previous part of the same rows; this block's partial is added to it in place (each
     worker sends one sum of its parts to the reduction), and it is returned."""
     be = get_backend(backend)
-    with out_of_memory_as(_on(block), _SMALLER):
-        sums = be.packed_hermitian(block, be.prepare_fixed(fixed), spec, into)
-    be.retire(block)
-    return sums
+    try:
+        with out_of_memory_as(_on(block), _SMALLER):
+            return be.packed_hermitian(block, be.prepare_fixed(fixed), spec, into)
+    finally:
+        be.retire(block)  # also after a failure: kernels may be queued on it
 
 
 def rows_of(pair: tuple[Any, Any], lo: int, hi: int) -> tuple[Any, Any]:

@@ -47,9 +47,9 @@
 // Kernels: hermitian_kernel (A, B of row segments, summed with atomics when a long row is
 // split; with sum_into, A's lower triangle packed by rows and added to what A, B hold: a
 // partial Hermitian summed in place, no f x f A), update_kernel (fused Gram -> Cholesky or
-// CG -> x_u per row, A stays on chip), row_update_kernel (the same, one thread per row, small f), solve_kernel (the Cholesky from
-// A in memory, several small systems per block), cg_solve_kernel (CG from A in memory, one
-// system per block). MINB, the minimum resident blocks per SM given to __launch_bounds__,
+// CG -> x_u per row, A stays on chip), row_update_kernel (the same, one thread per row,
+// small f), solve_kernel (the Cholesky from A in memory, several small systems per block),
+// cg_solve_kernel (CG from A in memory, one system per block). MINB, the minimum resident blocks per SM given to __launch_bounds__,
 // caps their registers.
 
 #define TILE 8
