@@ -21,7 +21,7 @@ from reference import reference_als
 from cumf_dask.config import HalfStepConfig, PlanConfig
 from cumf_dask.data.spill import build_store
 from cumf_dask.engine import fit as fit_module
-from cumf_dask.engine import halfstep
+from cumf_dask.engine import plan as plan_module
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
 
@@ -161,7 +161,7 @@ def test_block_tiers_match_reference(stores, clients, reference, blocks, backend
     reference's factors; streamed blocks are read one ahead of the computation, so a worker
     never holds more than two (here 6 batches and 2 parts per worker and half-step). Host
     blocks are copied ahead by tasks of their own (made so at this size)."""
-    monkeypatch.setattr(halfstep, "STAGED_BLOCK_BYTES", 0)
+    monkeypatch.setattr(plan_module, "STAGED_BLOCK_BYTES", 0)
     client = clients(1)
     client.register_plugin(HeldBlocks())
     try:
@@ -221,10 +221,11 @@ def test_staged_host_blocks_match_reference(stores, clients, reference, monkeypa
     make_plan = fit_module.make_plan
 
     def host_blocks(*args, **kwargs):
-        return replace(make_plan(*args, **kwargs), blocks="host")
+        plan = make_plan(*args, **kwargs)
+        plan.x.staged = plan.theta.staged = True
+        return replace(plan, blocks="host")
 
     monkeypatch.setattr(fit_module, "make_plan", host_blocks)
-    monkeypatch.setattr(halfstep, "STAGED_BLOCK_BYTES", 0)
     client = clients(2)
     with get_task_stream(client) as stream:
         model = _fit(stores[BIG], client, x=HalfStepConfig(p=1, q=3),

@@ -106,6 +106,10 @@ def test_factor_goes_to_host_memory_when_it_does_not_fit():
     tight = _facebook_plan(3.5)  # they do not: X crosses once per batch
     assert not tight.theta.parts_outer and tight.theta.copied_in >= tight.theta.q * 6.4e9
     assert "(copied in once per batch)" in tight.table()
+    # update X's blocks (over 256 MB) are copied ahead: three on the GPU at once, counted
+    assert plan.x.staged and not plan.theta.staged and "copied ahead" in plan.table()
+    assert plan.x.memory["R blocks ahead"] == 2 * plan.x.memory["R block"]
+    assert plan.x.peak + plan.factor_bytes() < 6 * GB * 0.9
     assert _facebook_plan(80, factors="host").host_factor == "x"  # forced
     assert _facebook_plan(6, workers=2).host_factor is None  # half of X per worker fits
     with pytest.raises(PlanError, match=r"plan\.factors is device .* set plan\.factors to host"):

@@ -134,6 +134,9 @@ def test_worker_restarted_for_memory_fails_with_a_plan(procs, data):
 
     def squeeze(record):  # from now on the victim's nanny restarts it at once, again and again
         nanny.memory_manager.memory_limit = 10_000_000
+        deadline = time.time() + 10  # until it does once: the queued iterations 2 and 3 of
+        while time.time() < deadline and victim in workers_info(procs):  # tiny data could
+            time.sleep(0.02)  # end before the nanny's next memory check
 
     started = time.perf_counter()
     try:

@@ -52,7 +52,6 @@ from .reduce import final_inputs, slice_bounds
 from .watch import Watch
 
 SCORING = 1  # task priority of scoring: before the next iteration's tasks, queued already
-STAGED_BLOCK_BYTES = 256 << 20  # a host-tier block this big is copied ahead (SUALSEngine.staged)
 
 
 class ReadAhead:
@@ -126,11 +125,12 @@ class SUALSEngine:
 
     def staged(self, h: HalfStepPlan) -> bool:
         """Whether `h`'s blocks in host memory are copied to the device by tasks of their own
-        (``tasks.staged_copy``), each while the block before it is computed: where a block is
-        big enough (STAGED_BLOCK_BYTES) for its copy to outlast the scheduler's round trip
-        that such a task adds. Facebook x0.01 on an H200: update X's 1.6 GB blocks, 0.39 ->
-        0.26 s per half-step; update Theta's 118 MB ones, 0.81 -> 0.87-1.13 s."""
-        return self.plan.blocks == "host" and h.memory.get("R block", 0) >= STAGED_BLOCK_BYTES
+        (``tasks.staged_copy``), each while the block before it is computed: where the plan
+        says so (blocks big enough, ``plan.STAGED_BLOCK_BYTES``, for the copy to outlast the
+        scheduler's round trip that such a task adds). Facebook x0.01 on an H200: update X's
+        1.6 GB blocks, 0.39 -> 0.26 s per half-step; update Theta's 118 MB ones, 0.81 ->
+        0.87-1.13 s."""
+        return self.plan.blocks == "host" and h.staged
 
     def _moved_per_use(self, h: HalfStepPlan) -> bool:
         """Whether each use of `h`'s blocks reads them from the store or stages a copy."""

@@ -36,6 +36,7 @@ import math
 import operator
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
@@ -49,6 +50,9 @@ from .costs import ASSUMED_LINK, half_step_cost
 BYTES = 4  # float32
 RATING_BYTES = 12  # int32 index + float32 value + amortized indptr/row
 HOST_SHARE = 0.5  # of a GPU worker's host memory limit that host-tier blocks may take
+# A host-tier block this big is copied to the device ahead of its use, while the block before
+# it computes (smaller ones: the scheduler's round trip such a copy adds costs more than it)
+STAGED_BLOCK_BYTES = 256 << 20
 
 
 Side = Literal["x", "theta"]
@@ -80,6 +84,7 @@ class HalfStepPlan:
     memory: dict[str, int] = field(default_factory=dict)  # bytes per worker, by item
     aligned: bool = False  # p > 1 over the batches the other half-step solved, where it did
     parts_outer: bool = False  # the fixed factor is in host memory, each part copied in once
+    staged: bool = False  # blocks in host memory, each copied to the device ahead of its use
     copied_in: int = 0  # bytes per worker of a fixed factor in host memory copied to the device
     predicted: dict[str, float] = field(default_factory=dict)  # seconds and bytes, .costs
 
@@ -152,7 +157,8 @@ class Plan:
         gb = 1e9
         lines = [
             f"workers: {self.workers} ({self.backend}), budget {self.budget / gb:.2f} GB per "
-            f"worker, R {BLOCK_TIERS[self.blocks]}, "
+            f"worker, R {BLOCK_TIERS[self.blocks]}"
+            + (" (big blocks copied ahead)" if self.x.staged or self.theta.staged else "") + ", "
             f"reduction: {self.reduction if max(self.x.p, self.theta.p) > 1 else 'none (p = 1)'}"
             + (f", {self.half(self.host_factor).label} in pinned host memory"
                + (" (copied in once per half-step)" if self.other(self.host_factor).parts_outer
@@ -235,24 +241,34 @@ def balanced_bounds(counts: np.ndarray | int, parts: int) -> list[int]:
 
 def _memory(
     n_rows: int, n_cols: int, nnz: int, f: int, p: int, q: int, fused: bool,
-    parts_outer: bool = False,
+    parts_outer: bool = False, host_blocks: bool = False,
 ) -> dict:
     """Bytes per worker by item. p > 1: each worker sums its parts' packed partial (A, B) of
     a batch; `parts_outer` (a fixed factor in host memory, each part copied in once): the
-    sums of all batches are held, and two parts (one in use, the next arriving)."""
+    sums of all batches are held, and two parts (one in use, the next arriving);
+    `host_blocks` (R in host memory): a block copied ahead (:func:`staged`) is on the
+    device beside the one computing and the one before, whose kernels may still run."""
     rows = math.ceil(n_rows / q)
+    block = math.ceil(nnz / (p * q)) * RATING_BYTES
     est = {
         "solved batch": rows * f * BYTES,
         "fixed part": math.ceil(n_cols / p) * f * BYTES * (2 if parts_outer and p > 1 else 1),
-        "R block": math.ceil(nnz / (p * q)) * RATING_BYTES,
+        "R block": block,
         "B": rows * f * BYTES,
     }
+    if host_blocks and staged(block):
+        est["R blocks ahead"] = 2 * block
     if not (fused and p == 1):
         est["A"] = rows * f * f * BYTES
     if p > 1:
         summed = n_rows if parts_outer else rows
         est["partials"] = summed * (f * (f + 1) // 2 + f) * BYTES
     return est
+
+
+def staged(block_bytes: int) -> bool:
+    """Whether a block of R in host memory this big is copied to the device ahead of its use."""
+    return block_bytes >= STAGED_BLOCK_BYTES
 
 
 def _half_step(
@@ -271,17 +287,20 @@ def _half_step(
     parts_outer: bool = False,
     fixed_on_host: bool = False,
     seconds: Callable[[int, int], float] | None = None,
+    host_blocks: bool = False,
 ) -> HalfStepPlan:
     """Choose p and q for one half-step (paper's best practices), honouring forced values;
-    `parts_outer`: see :func:`_memory`; `fixed_on_host`: the fixed factor is in host memory
-    (``copied_in`` counts its bytes that cross to each device). Data parallel, p starts
+    `parts_outer`, `host_blocks`: see :func:`_memory`; `fixed_on_host`: the fixed factor is
+    in host memory (``copied_in`` counts its bytes that cross to each device). Data
+    parallel, p starts
     where the fixed factor's part takes half the budget, and more parts are tried
     (:func:`_fastest_p`, by the predicted `seconds` of (p, q); without it, fewest blocks).
 
     Its ``predicted`` cost is filled in by make_plan, which knows the link.
     """
     def fits(p_: int, q_: int) -> bool:
-        return sum(_memory(n_rows, n_cols, nnz, f, p_, q_, fused, parts_outer).values()) < budget
+        est = _memory(n_rows, n_cols, nnz, f, p_, q_, fused, parts_outer, host_blocks)
+        return sum(est.values()) < budget
 
     q_max = max(1, n_rows)
     if p is None:
@@ -302,7 +321,7 @@ def _half_step(
             q = max(q, min(workers, q_max))
     p = max(1, min(p, n_cols))
     q = max(1, min(q, n_rows))
-    memory = _memory(n_rows, n_cols, nnz, f, p, q, fused, parts_outer)
+    memory = _memory(n_rows, n_cols, nnz, f, p, q, fused, parts_outer, host_blocks)
     if sum(memory.values()) >= budget:
         raise PlanError(
             f"update {side}: p={p}, q={q} needs {sum(memory.values()) / 1e9:.2f} GB per worker, "
@@ -320,6 +339,7 @@ def _half_step(
         col_bounds=col_shares.bounds(p),
         memory=memory,
         parts_outer=parts_outer,
+        staged="R blocks ahead" in memory,
         copied_in=_copied_in(n_cols, f, p, q, workers, parts_outer) if fixed_on_host else 0,
     )
 
@@ -412,10 +432,13 @@ def make_plan(
     }
     link_bw = link if link is not None else ASSUMED_LINK.get(transport, ASSUMED_LINK["tcp"])
 
-    def half_steps(room: int, host: Side | None) -> tuple[HalfStepPlan, HalfStepPlan]:
+    def half_steps(
+        room: int, host: Side | None, host_blocks: bool = False
+    ) -> tuple[HalfStepPlan, HalfStepPlan]:
         """The fastest predicted (x, theta) whose working memory fits `room` per worker, with
         factor `host` (if any) in host memory: the other half-step copies each of its parts
-        in once where the sums of all its batches fit, else once per batch."""
+        in once where the sums of all its batches fit, else once per batch. `host_blocks`:
+        R is in host memory (blocks copied ahead take room too)."""
 
         def half(side: Side, p: int | None, q: int | None) -> HalfStepPlan:
             rows, cols, rc, cc, _ = sides[side]
@@ -428,7 +451,8 @@ def make_plan(
 
                 return _half_step(side, rows, cols, nnz, f, workers, room, rc, cc, p=p, q=q,
                                   fused=backend == "cupy", parts_outer=parts_outer,
-                                  fixed_on_host=fixed_on_host, seconds=seconds)  # fmt: skip
+                                  fixed_on_host=fixed_on_host, seconds=seconds,
+                                  host_blocks=host_blocks)  # fmt: skip
 
             if host is None or host == side:
                 return plan()
@@ -455,12 +479,25 @@ def make_plan(
         return min(candidates, key=lambda c: c[0].predicted["seconds"] + c[1].predicted["seconds"])
 
     sizes = {"x": factor_bytes(m, f, workers), "theta": factor_bytes(n, f, workers)}
-    host_factor, (x, theta) = _factor_tier(config.factors, sizes, usable, backend, half_steps)
-    working = max(x.peak, theta.peak)
-    on_device = sum(size for side, size in sizes.items() if side != host_factor)
-    host_taken = 2 * sizes[host_factor] if host_factor else 0  # pieces, and parts gathered
-    blocks = _block_tier(config.blocks, block_bytes(nnz, held_out, workers), working + on_device,
-                         usable, backend, host_memory, host_taken)  # fmt: skip
+    r_bytes = block_bytes(nnz, held_out, workers)
+
+    def tiers(host_blocks: bool) -> tuple[Side | None, HalfStepPlan, HalfStepPlan, BlockTier]:
+        """(factor in host memory, x, theta, block tier); `host_blocks`: planned for R in
+        host memory (which the block tier must then still be)."""
+        host_factor, (x, theta) = _factor_tier(
+            config.factors, sizes, usable, backend, partial(half_steps, host_blocks=host_blocks)
+        )
+        working = max(x.peak, theta.peak)
+        on_device = sum(size for side, size in sizes.items() if side != host_factor)
+        host_taken = 2 * sizes[host_factor] if host_factor else 0  # pieces, and parts gathered
+        wanted = "host" if host_blocks else config.blocks
+        blocks = _block_tier(wanted, r_bytes, working + on_device, usable, backend, host_memory,
+                             host_taken)  # fmt: skip
+        return host_factor, x, theta, blocks
+
+    host_factor, x, theta, blocks = tiers(host_blocks=False)
+    if blocks == "host" and backend == "cupy":  # plan again with room for blocks copied ahead
+        host_factor, x, theta, blocks = tiers(host_blocks=True)
     if groups is not None:
         flat = sorted(w for g in groups for w in g)
         if flat != list(range(workers)):
