@@ -18,7 +18,9 @@ cost model (:mod:`.costs`: compute, bytes moved at the link's bandwidth, task ov
 predicts faster; and the rating blocks of both orientations are loaded once and kept in
 the workers' memory when they fit next to the working set (``device``), else on GPU workers
 in pinned host memory, copied to the GPU by each half-step (``host``: at most half of the
-worker's host memory limit, below Dask's spill threshold), else read from the store by each
+worker's host memory limit, below Dask's spill threshold; a half-step's blocks of
+STAGED_BLOCK_BYTES or more are copied ahead, so the plan is made again with room for three
+of them), else read from the store by each
 half-step (``store``, one block ahead of the computation). The factors' pieces stay on the
 workers' devices when both fit next to the working set; else (GPU workers, the paper's
 Facebook case) the larger factor lives in pinned host memory: its half-step copies each
