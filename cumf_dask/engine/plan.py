@@ -498,7 +498,7 @@ def make_plan(
         return host_factor, x, theta, blocks
 
     host_factor, x, theta, blocks = tiers(host_blocks=False)
-    if blocks == "host" and backend == "cupy":  # plan again with room for blocks copied ahead
+    if blocks == "host":  # plan again with room for the blocks copied ahead
         host_factor, x, theta, blocks = tiers(host_blocks=True)
     if groups is not None:
         flat = sorted(w for g in groups for w in g)

@@ -49,8 +49,8 @@
 // partial Hermitian summed in place, no f x f A), update_kernel (fused Gram -> Cholesky or
 // CG -> x_u per row, A stays on chip), row_update_kernel (the same, one thread per row,
 // small f), solve_kernel (the Cholesky from A in memory, several small systems per block),
-// cg_solve_kernel (CG from A in memory, one system per block). MINB, the minimum resident blocks per SM given to __launch_bounds__,
-// caps their registers.
+// cg_solve_kernel (CG from A in memory, one system per block). MINB, the minimum resident
+// blocks per SM given to __launch_bounds__, caps their registers.
 
 #define TILE 8
 #define CHUNK 12  // floats per tile chunk in a bin row: 8 used, 4 against bank conflicts
