@@ -15,7 +15,7 @@ from cumf_dask.blocks import take_rows
 from cumf_dask.data.duplicates import resolve_duplicates
 from cumf_dask.data.hashing import split_mask
 from cumf_dask.data.spill import StoreBuilder, build_store
-from cumf_dask.data.store import RatingsStore
+from cumf_dask.data.store import BAND_CHUNK, MIN_BAND_CHUNK, RatingsStore, band_chunk
 from cumf_dask.errors import ConfigError, IngestError, StoreError
 
 M, N = 130, 70
@@ -339,3 +339,36 @@ def test_remote_store_with_a_missing_chunk_is_caught_by_its_fill_value(ratings):
     store = RatingsStore.open(url)
     with pytest.raises(StoreError, match="not finite"):
         store.read_block("row", (0, M), (0, N))
+
+
+@pytest.mark.parametrize(
+    ("size", "n_tiles", "chunk"),
+    [
+        (4_000_000, 30, 1 << 19),  # 133k-entry tiles: the power of two below four tiles
+        (4_000_000, 104, MIN_BAND_CHUNK),  # 38k-entry tiles: the floor
+        (6_600_000, 18, BAND_CHUNK),  # 367k-entry tiles: the cap
+        (1_000, 3, 1_000),  # a small band: one chunk
+        (0, 5, 1),  # an empty band (zarr needs a chunk of at least 1)
+    ],
+)
+def test_band_chunks_span_a_few_tiles(size, n_tiles, chunk):
+    """A tile read (the transposition reads one tile of every row band) decodes little
+    beyond the tile, and bands of big tiles keep big chunks for whole-band reads."""
+    assert band_chunk(size, n_tiles) == chunk
+
+
+def test_tile_reads_span_several_inner_chunks(tmp_path):
+    """A band with small tiles is stored in several inner chunks, and reading any tile
+    range (across chunk boundaries, on threads) gives exactly the band's entries."""
+    m, n = 300, 40_000
+    row, col, val = random_ratings(m, n, 0.05, seed=3)
+    store = build_store(str(tmp_path / "s.zarr"), row, col, val, (m, n), tile_rows=512,
+                        tile_cols=256)  # fmt: skip
+    meta = json.loads((tmp_path / "s.zarr/by_row/0/minor/zarr.json").read_text())
+    inner = meta["codecs"][0]["configuration"]["chunk_shape"][0]
+    assert inner < store.nnz  # several inner chunks
+    minor = store.read_band("row", 0)[1]
+    for t0, t1 in ((0, 1), (3, 40), (17, store.n_col_tiles)):
+        part = store.read_band("row", 0, (t0, t1), threads=2)[1]
+        inside = (minor >= t0 * 256) & (minor < t1 * 256)
+        np.testing.assert_array_equal(part, minor[inside])

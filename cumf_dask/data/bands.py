@@ -4,9 +4,10 @@ Dask tasks call them directly (the synthetic generator writes every row band fro
 task, then every column band), and the spilling builder (:mod:`.spill`) calls them in a loop.
 They are module-level and pure so tasks pickle small and read well in the dashboard. Every
 Zarr chunk belongs to one band and every band is written by one call, so no chunk is ever
-written by two tasks; :func:`finish_store` marks the store complete, last. Writing is
-NumPy's; a task that computes with CuPy (:func:`band_module`) hands its results over
-:func:`to_host`.
+written by two tasks; :func:`finish_store` marks the store complete, last. A task that
+computes with CuPy (:func:`band_module`) hands its arrays to :func:`write_band` on the GPU:
+it orders, counts and converts them there and copies only what is stored to the host,
+where the encoding and writing run.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from ..compat import import_cupy
 from ..devices import has_cuda
 from ..errors import IngestError, StoreError
 from ..paths import is_url, normalize_url
+from .hashing import array_module
+from .sampling import bin_counts
 from .store import (
     _GROUPS,
-    BAND_CHUNK,
     CHUNK,
     FORMAT,
     VERSION,
     RatingsStore,
+    band_chunk,
     codecs,
     fill_value,
     index_dtype,
@@ -92,7 +95,7 @@ def band_order_key(
 ) -> np.ndarray:
     """One int64 per entry of the band whose majors start at `base`, ordered as the band is
     stored, (minor tile, major, minor), and equal exactly for equal (major, minor) pairs: one
-    sort of it replaces a three-key lexsort."""
+    sort of it replaces a three-key lexsort. NumPy or CuPy arrays."""
     minor = minor.astype(np.int64, copy=False)
     return ((minor // t_minor) * t_major + (major - base)) * t_minor + minor % t_minor
 
@@ -108,7 +111,8 @@ def write_band(
     """Write one band from global (major, minor, val); returns its summary for finish_store.
 
     The entries come in the band's storage order, (minor tile, major, minor) with distinct
-    pairs (sorted by :func:`band_order_key`). Also writes this band's slice of
+    pairs (sorted by :func:`band_order_key`), as NumPy or CuPy arrays (the tile pointers,
+    counts and stored dtypes are computed where they live). Also writes this band's slice of
     row_nnz (kind "row") or col_nnz (kind "col"): the slice is exactly one chunk of that array.
     """
     url = normalize_url(url)
@@ -117,16 +121,19 @@ def write_band(
     t_major, t_minor, n_major, n_minor = _geometry(attrs, kind)
     base = band * t_major
     rows_here = min(t_major, n_major - base)
-    local = (major - base).astype(np.int32)
-    minor_tile = minor // t_minor
+    xp = array_module(val)
     n_tiles = math.ceil(n_minor / t_minor)
-    ptr = np.zeros(n_tiles + 1, np.int64)
-    np.cumsum(np.bincount(minor_tile, minlength=n_tiles), out=ptr[1:])
+    ptr = xp.zeros(n_tiles + 1, xp.int64)
+    xp.cumsum(bin_counts(xp, minor // t_minor, n_tiles), out=ptr[1:])
+    local = (major - base).astype(xp.int32)
+    counts = to_host(bin_counts(xp, local, rows_here)) if kind != "test" else None
+    minor, val = minor.astype(index_dtype(n_minor), copy=False), val.astype(xp.float32, copy=False)
+    local, minor, val, ptr = (to_host(a) for a in (local, minor, val, ptr))
     sub = group.require_group(f"{_GROUPS[kind]}/{band}")
     size = int(val.size)
-    # One shard (one file) per band array, in 1M-entry inner chunks, written whole by this
-    # one call; every chunk carries a crc32c, and the fill values are impossible data.
-    chunk = max(1, min(BAND_CHUNK, size))
+    # One shard (one file) per band array, in inner chunks of about four tiles, written whole
+    # by this one call; every chunk carries a crc32c, and the fill values are impossible data.
+    chunk = band_chunk(size, n_tiles)
     shard = max(chunk, -(-size // chunk) * chunk)  # zarr >= 3.2 refuses an empty shard
     layout = {"shape": (size,), "chunks": (chunk,), "shards": (shard,), **codecs()}
     for name, dtype in (("major", "int32"), ("minor", index_dtype(n_minor)), ("val", "float32")):
@@ -137,11 +144,10 @@ def write_band(
     )  # fmt: skip
     if size:
         sub["major"][:] = local
-        sub["minor"][:] = minor.astype(index_dtype(n_minor))
-        sub["val"][:] = val.astype(np.float32)
+        sub["minor"][:] = minor
+        sub["val"][:] = val
     sub["ptr"][:] = ptr
-    if kind != "test":
-        counts = np.bincount(local, minlength=rows_here)
+    if counts is not None:
         group["row_nnz" if kind == "row" else "col_nnz"][base : base + rows_here] = counts
     finite = val.astype(np.float64)
     return {
@@ -159,25 +165,23 @@ def transpose_band(
 ) -> dict[str, float]:
     """Build column band `band` from the row bands: tile (a, band) of every row band a.
 
-    `use_gpu` (see :func:`band_module`) sorts the band on the GPU; the keys are distinct,
-    so the order is the same either way.
+    `use_gpu` (see :func:`band_module`) copies each tile to the GPU as it is decoded and
+    orders and converts the band there; the keys are distinct, so the order is the same
+    either way.
     """
     url = normalize_url(url)
     store = RatingsStore(url, dict(zarr.open_group(url, mode="r").attrs))
-    t_rows = store.tile_rows
-    rows, cols, vals = [], [], []
-    for a in range(store.n_row_tiles):
-        loc, col, val = store.read_band("row", a, (band, band + 1))
-        rows.append(loc.astype(np.int64) + a * t_rows)
-        cols.append(col.astype(np.int64))
-        vals.append(val)
-    row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-    col = np.concatenate(cols) if cols else np.zeros(0, np.int64)
-    val = np.concatenate(vals) if vals else np.zeros(0, np.float32)
-    t_cols = store.tile_cols
-    key = band_order_key(col, row, band * t_cols, t_cols, t_rows)
     xp = band_module(use_gpu)
-    order = to_host(xp.argsort(xp.asarray(key)))
+    t_rows = store.tile_rows
+    rows, cols, vals = [xp.zeros(0, xp.int64)], [xp.zeros(0, xp.int64)], [xp.zeros(0, xp.float32)]
+    for a in range(store.n_row_tiles):
+        loc, col, val = (xp.asarray(x) for x in store.read_band("row", a, (band, band + 1)))
+        rows.append(loc.astype(xp.int64) + a * t_rows)
+        cols.append(col.astype(xp.int64))
+        vals.append(val)
+    row, col, val = xp.concatenate(rows), xp.concatenate(cols), xp.concatenate(vals)
+    t_cols = store.tile_cols
+    order = xp.argsort(band_order_key(col, row, band * t_cols, t_cols, t_rows))
     return write_band(url, "col", band, col[order], row[order], val[order])
 
 

@@ -53,6 +53,7 @@ from .sampling import (
     Array,
     KeyCoder,
     Permutation,
+    bin_counts,
     repeat_rows,
     sorted_isin,
     sorted_unique,
@@ -311,7 +312,7 @@ class PlantedModel:
             cand = sorted_unique(xp, coder.encode(local, self._col_perm(rank)))
             new = cand[~sorted_isin(xp, pool, cand)]
             accepted.append(new)
-            got = xp.bincount(coder.local(new), minlength=rows.size)[active]
+            got = bin_counts(xp, coder.local(new), rows.size)[active]
             need[active] -= got
             drawn[active] += k
             left = need[active]

@@ -9,10 +9,11 @@ complete, last. A local store is built beside the target and moved into place on
 complete, so an interrupted run never replaces a good store.
 
 GPU: with ``use_gpu`` each row band's pairs, rating values and split are computed with CuPy
-and copied to the host once, to be compressed and written there; the transposition sorts
-on the GPU. The degrees and the split are identical to the CPU's; a row's columns are too
-but for rare floating-point ties, and values match to float32 rounding (the GPU note of
-:mod:`.planted` says why).
+and only the stored arrays are copied to the host, to be compressed and written there; the
+transposition copies each tile it reads to the GPU and orders the band there. The degrees
+and the split are identical to the CPU's; a row's columns are too but for rare
+floating-point ties, and values match to float32 rounding (the GPU note of :mod:`.planted`
+says why).
 """
 
 from __future__ import annotations
@@ -21,13 +22,11 @@ import math
 import os
 from typing import Any, Literal
 
-import numpy as np
-
 from ..checks import check_choice, check_fraction, check_positive_int
 from ..devices import has_cuda
 from ..errors import ConfigError
 from ..paths import normalize_url
-from .bands import band_module, finish_store, init_store, to_host, transpose_band, write_band
+from .bands import band_module, finish_store, init_store, transpose_band, write_band
 from .hashing import split_mask
 from .parallel import Progress, run_tasks
 from .planted import PlantedModel
@@ -161,12 +160,11 @@ def _band_ratings(
     test_fraction: float,
     split_seed: int,
     xp: Any,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+) -> tuple[Any, Any, Any, Any, float]:
     """(row, col, val, test, squared error of the test ratings) of rows [r0, r1), computed
-    with `xp` and returned on the host: with CuPy only these cross over, and the GPU's
-    temporaries are freed on return."""
+    with `xp` and returned as its arrays (the GPU's temporaries are freed on return)."""
     row, col, forced = model.band_pairs(r0, r1, tile_cols, xp)
     val, clean = model.ratings(row, col, xp)
     test = split_mask(row, col, test_fraction, split_seed) & ~forced
     err = val[test].astype(xp.float64) - clean[test]
-    return to_host(row), to_host(col), to_host(val), to_host(test), float(err @ err)
+    return row, col, val, test, float(err @ err)
