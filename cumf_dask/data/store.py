@@ -14,12 +14,12 @@ Layout (format ``cumf-dask-ratings``, version 2)::
       ids/rows, ids/cols               the user's original ids, when they were not 0..m-1
 
 Each band array is one Zarr shard (one file) of inner chunks of about four tiles
-(:func:`band_chunk`). Why bands rather than
-DESIGN's flat arrays: every Zarr chunk and shard belongs to exactly one band, so one task per
-band writes it (no two tasks ever touch one chunk: the zarr v3 + dask data-loss pitfall
-cannot happen), bands are written in parallel by the generator and by the out-of-core
-builder, and a tile is still one contiguous slice (``ptr``). A block of any plan is the union
-of the tiles it overlaps, filtered to its exact row and column range (:mod:`.assemble`).
+(:func:`band_chunk`). Why bands rather than DESIGN's flat arrays: every Zarr chunk and
+shard belongs to exactly one band, so one task per band writes it (no two tasks ever touch
+one chunk: the zarr v3 + dask data-loss pitfall cannot happen), bands are written in
+parallel by the generator and by the out-of-core builder, and a tile is still one
+contiguous slice (``ptr``). A block of any plan is the union of the tiles it overlaps,
+filtered to its exact row and column range (:mod:`.assemble`).
 
 Integrity (version 2): every chunk, shard index and small array carries a crc32c; chunks are
 blosc-lz4 with byte shuffle (decodes ~4x faster than zstd at a similar size on rating data);
