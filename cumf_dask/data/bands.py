@@ -25,7 +25,7 @@ from ..devices import has_cuda
 from ..errors import IngestError, StoreError
 from ..paths import is_url, normalize_url
 from .hashing import array_module
-from .sampling import bin_counts
+from .sampling import Array, bin_counts
 from .store import (
     _GROUPS,
     CHUNK,
@@ -90,9 +90,7 @@ def _geometry(attrs: dict[str, Any], kind: BandKind) -> tuple[int, int, int, int
     return attrs["tile_rows"], attrs["tile_cols"], attrs["m"], attrs["n"]
 
 
-def band_order_key(
-    major: np.ndarray, minor: np.ndarray, base: int, t_major: int, t_minor: int
-) -> np.ndarray:
+def band_order_key(major: Array, minor: Array, base: int, t_major: int, t_minor: int) -> Array:
     """One int64 per entry of the band whose majors start at `base`, ordered as the band is
     stored, (minor tile, major, minor), and equal exactly for equal (major, minor) pairs: one
     sort of it replaces a three-key lexsort. NumPy or CuPy arrays."""
@@ -104,9 +102,9 @@ def write_band(
     url: str,
     kind: BandKind,
     band: int,
-    major: np.ndarray,
-    minor: np.ndarray,
-    val: np.ndarray,
+    major: Array,
+    minor: Array,
+    val: Array,
 ) -> dict[str, float]:
     """Write one band from global (major, minor, val); returns its summary for finish_store.
 

@@ -30,6 +30,7 @@ from .bands import band_module, finish_store, init_store, transpose_band, write_
 from .hashing import split_mask
 from .parallel import Progress, run_tasks
 from .planted import PlantedModel
+from .sampling import Array
 from .store import RatingsStore, default_tile
 from .target import check_target, claim, discard, publish, work_url
 
@@ -160,7 +161,7 @@ def _band_ratings(
     test_fraction: float,
     split_seed: int,
     xp: Any,
-) -> tuple[Any, Any, Any, Any, float]:
+) -> tuple[Array, Array, Array, Array, float]:
     """(row, col, val, test, squared error of the test ratings) of rows [r0, r1), computed
     with `xp` and returned as its arrays (the GPU's temporaries are freed on return)."""
     row, col, forced = model.band_pairs(r0, r1, tile_cols, xp)
