@@ -7,7 +7,8 @@ Times reading the whole matrix in each orientation (what a p = 1, q = 1 plan loa
 page cache warm and then cold (the store's files evicted with posix_fadvise), beside the
 disk's own sequential rate (``dd`` of a fresh 1 GiB file, evicted first). Rates are stored
 bytes (the band files on disk) and raw bytes (12 per rating) per second. With --gpu also
-what a GPU worker does (decode on the host, CSR built on the GPU: ``store -> GPU s``), the
+what a GPU worker does (decoded by the host's threads, which copy each chunk to the GPU;
+CSR built on the GPU: ``store -> GPU s``), the
 copy of a host-built block into GPU memory (pageable and pinned), and the first ``update``
 with an empty CuPy kernel cache (compiling) and with a warm one (a second run's case).
 """
@@ -120,7 +121,8 @@ def gpu_load_seconds(be, store, orient, shape, threads, repeats) -> float:
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        bands = read_bands(store, orient, (0, shape[0]), (0, shape[1]), "train", threads)
+        bands = read_bands(store, orient, (0, shape[0]), (0, shape[1]), "train", threads,
+                           be.decode_target())  # fmt: skip
         be.block_from_bands(bands, threads)
         be.xp.cuda.Device().synchronize()
         times.append(time.perf_counter() - t0)

@@ -252,6 +252,7 @@ def test_block_squared_error_matches_float64(gpu, f):
 def test_blocks_built_on_the_gpu_equal_the_host_ones(gpu, tmp_path):
     from cumf_dask.blocks import block_on_host
     from cumf_dask.data.assemble import read_bands
+    from cumf_dask.data.shards import HOST
     from cumf_dask.data.spill import build_store
     from cumf_dask.errors import StoreError
 
@@ -265,15 +266,42 @@ def test_blocks_built_on_the_gpu_equal_the_host_ones(gpu, tmp_path):
         ("col", "train", (0, 9), (0, 130)),  # one band
     ]
     for orient, split, r, c in cases:
-        bands = read_bands(store, orient, r, c, split, threads=2)
-        host, dev = block_on_host(bands), gpu.block_from_bands(bands)
-        for name in ("indptr", "indices", "values"):
-            np.testing.assert_array_equal(gpu.to_host(getattr(dev, name)), getattr(host, name))
-        shape = ("row0", "col0", "n_rows", "n_cols")
-        assert [getattr(dev, a) for a in shape] == [getattr(host, a) for a in shape]
+        host = block_on_host(read_bands(store, orient, r, c, split, threads=2))
+        for target in (HOST, gpu.decode_target()):  # bands decoded to the host, to the GPU
+            dev = gpu.block_from_bands(read_bands(store, orient, r, c, split, 2, target))
+            for name in ("indptr", "indices", "values"):
+                got = gpu.to_host(getattr(dev, name))
+                np.testing.assert_array_equal(got, getattr(host, name))
+            shape = ("row0", "col0", "n_rows", "n_cols")
+            assert [getattr(dev, a) for a in shape] == [getattr(host, a) for a in shape]
+    bands = read_bands(store, "row", (0, 130), (0, 70), "train", threads=2)
     bands.slice(0).val[0] = np.nan
     with pytest.raises(StoreError, match="damaged store"):
         gpu.block_from_bands(bands)
+
+
+def test_chunks_larger_than_the_staging_buffer_reach_the_gpu_whole(gpu, monkeypatch):
+    """A decoding thread's page-locked buffer grows for a chunk larger than it (a thread
+    of its own: its buffer goes with it)."""
+    import threading
+
+    from cumf_dask.backend import cupy_backend
+
+    monkeypatch.setattr(cupy_backend, "STAGING_BYTES", 64)
+    target = gpu.decode_target()
+    values = np.random.default_rng(2).standard_normal(1000).astype(np.float32)
+    out = target.empty(1200, np.dtype(np.float32))
+
+    def deliver(part: slice, start: int) -> None:
+        chunk = target.chunk(out, start, values[part].size, values.dtype)
+        chunk[...] = values[part]
+        target.put(out, start, chunk)
+
+    thread = threading.Thread(target=lambda: [deliver(slice(0, 10), 100),
+                                              deliver(slice(10, 1000), 110)])  # fmt: skip
+    thread.start()
+    thread.join()
+    np.testing.assert_array_equal(gpu.to_host(out[100:1100]), values)
 
 
 # ----------------------------------------------------------------------------- implicit, CG

@@ -12,8 +12,10 @@ import zarr
 from conftest import random_ratings
 
 from cumf_dask.blocks import take_rows
+from cumf_dask.data.assemble import read_bands
 from cumf_dask.data.duplicates import resolve_duplicates
 from cumf_dask.data.hashing import split_mask
+from cumf_dask.data.shards import HostTarget
 from cumf_dask.data.spill import StoreBuilder, build_store
 from cumf_dask.data.store import BAND_CHUNK, MIN_BAND_CHUNK, RatingsStore, band_chunk
 from cumf_dask.errors import ConfigError, IngestError, StoreError
@@ -288,12 +290,35 @@ def _drop_chunk(path: Path) -> None:
 DAMAGE = {
     "flipped byte in a chunk": lambda url: _flip(_shard(url), 40),
     "chunk missing from a shard": lambda url: _drop_chunk(_shard(url)),
+    "chunk that decodes short": lambda url: _shorten_chunk(url),
     "shard file deleted": lambda url: _shard(url).unlink(),
     "shard truncated": lambda url: _shard(url).write_bytes(_shard(url).read_bytes()[:30]),
     "counts chunk deleted": lambda url: (Path(url) / "row_nnz" / "c" / "0").unlink(),
     "array metadata deleted": lambda url: (Path(url) / "by_col" / "0" / "minor" / "zarr.json")
     .unlink(),
 }
+
+
+def _shorten_chunk(url: str) -> None:
+    """Replace inner chunk 0 of shard 0 of by_row/0/val by a valid blosc frame of half its
+    entries, with a valid checksum and index: only the decoded size can catch it."""
+    import google_crc32c
+    from numcodecs import Blosc
+
+    from cumf_dask.data import shards
+
+    lay = shards.layout(str(Path(url) / "by_row/0/val"))
+    path = _shard(url)
+    data = path.read_bytes()
+    end = len(data) - 4 - 16 * -(-lay.outer // lay.inner)  # where the index starts
+    index = np.frombuffer(data[end:-4], "<u8").reshape(-1, 2).copy()
+    offset, length = (int(v) for v in index[0])
+    values = np.frombuffer(Blosc().decode(data[offset : offset + length - 4]), np.float32)
+    short = Blosc(cname="lz4").encode(values[: lay.inner // 2])
+    short += np.uint32(google_crc32c.value(short)).tobytes()
+    index[0] = (end, len(short))  # appended after the other chunks
+    raw = index.tobytes()
+    path.write_bytes(data[:end] + short + raw + np.uint32(google_crc32c.value(raw)).tobytes())
 
 
 def _flip(path: Path, offset: int) -> None:
@@ -372,3 +397,41 @@ def test_tile_reads_span_several_inner_chunks(tmp_path):
         part = store.read_band("row", 0, (t0, t1), threads=2)[1]
         inside = (minor >= t0 * 256) & (minor < t1 * 256)
         np.testing.assert_array_equal(part, minor[inside])
+
+
+class _CountingTarget(HostTarget):
+    """Host arrays, counting those made, with a lookahead."""
+
+    def __init__(self, lookahead: int | None):
+        self.lookahead = lookahead
+        self.made = 0
+
+    def empty(self, size, dtype):
+        self.made += 1
+        return super().empty(size, dtype)
+
+
+@pytest.mark.parametrize("lookahead", [None, 1])
+def test_a_targets_lookahead_bounds_the_arrays_decoded_ahead(tmp_path, lookahead):
+    """With a lookahead of one byte the bands' arrays are decoded one at a time as the
+    consumer asks (without one, all at once), into the same entries; a damaged chunk of
+    a later band is raised when that band is asked for."""
+    m, n = 600, 50
+    row, col, val = random_ratings(m, n, 0.2, seed=5)
+    url = str(tmp_path / "s.zarr")
+    store = build_store(url, row, col, val, (m, n), tile_rows=64, tile_cols=16)
+    want = read_bands(store, "row", (0, m), (0, n), "train", threads=2)
+    target = _CountingTarget(lookahead)
+    bands = read_bands(store, "row", (0, m), (0, n), "train", threads=2, target=target)
+    assert bands.count == 10
+    for i in range(bands.count):
+        got, ref = bands.slice(i), want.slice(i)
+        assert target.made == (3 * (i + 1) if lookahead else 3 * bands.count)
+        for name in ("major", "minor", "val"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(ref, name))
+    _flip(_shard(url, "by_row/3/val"), 40)
+    bands = read_bands(store, "row", (0, m), (0, n), "train", threads=2, target=target)
+    for i in range(3):
+        bands.slice(i)
+    with pytest.raises(StoreError, match="fails its checksum"):
+        bands.slice(3)

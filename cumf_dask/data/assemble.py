@@ -2,10 +2,12 @@
 
 A block of rows [r0, r1) and columns [c0, c1) overlaps bands r0 // t_major ... and in each
 the tiles c0 // t_minor ...; a band's share of those tiles is one contiguous range of its
-arrays (``ptr``). :func:`read_bands` decodes all of them at once on the thread pool
-(:mod:`.shards`) into :class:`~cumf_dask.blocks.Bands`; the backend then makes the CSR
-block where it computes (``Backend.block_from_bands``: on the host with NumPy, on the GPU
-with CuPy: the host's memory bandwidth, not decoding, limits the host placement).
+arrays (``ptr``). :func:`read_bands` decodes them on the thread pool (:mod:`.shards`)
+into :class:`~cumf_dask.blocks.Bands`, in host memory or straight into the backend's
+(``Backend.decode_target``: the GPU's, copied there from the decoding threads); the backend
+then makes the CSR block where it computes (``Backend.block_from_bands``: on the host with
+NumPy, on the GPU with CuPy: the host's memory bandwidth, not decoding, limits the host
+placement).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from ..blocks import Bands, BandSlice
 from ..errors import StoreError
+from .shards import HOST, Target
 
 if TYPE_CHECKING:
     from .store import Orientation, RatingsStore, Split
@@ -29,10 +32,12 @@ def read_bands(
     cols: tuple[int, int],
     split: Split = "train",
     threads: int = 1,
+    target: Target = HOST,
 ) -> Bands:
-    """Start decoding every band range the block overlaps on `threads` threads, in band
-    order, and return at once: ``Bands.slice(i)`` waits for band i only, so a consumer can
-    work on the first bands while the later ones decode. Values are not checked yet."""
+    """Start decoding every band range the block overlaps on `threads` threads into
+    `target`'s arrays (NumPy by default), in band order, and return at once:
+    ``Bands.slice(i)`` waits for band i only, so a consumer can work on the first bands
+    while the later ones decode. Values are not checked yet."""
     from .store import band_group
 
     (r0, r1), (c0, c1) = rows, cols
@@ -49,7 +54,7 @@ def read_bands(
             raise StoreError(f"{store.url}: damaged store: '{group}/{b}/ptr' is not a tile pointer")
         lo, hi = int(ptr[t0]), int(ptr[t1])
         requests += [(f"{group}/{b}/{name}", lo, hi) for name in ("major", "minor", "val")]
-    reading = store.start(requests, threads)
+    reading = store.start(requests, threads, target)
 
     def decoded(i: int) -> BandSlice:
         b = bands[i]

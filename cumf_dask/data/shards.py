@@ -11,6 +11,11 @@ a :class:`~cumf_dask.errors.StoreError` naming the array and the fix, never zero
 It reads what cumf-dask writes (sharded or single-chunk 1-D arrays; little-endian ``bytes``
 then any of blosc / zstd / crc32c); :func:`supported` says whether a layout is one of those,
 and the store reads anything else (and remote URLs) through zarr, then validates the values.
+
+Decoded entries go to a :class:`Target`: NumPy arrays by default (:data:`HOST`, chunks
+decoded in place), or another memory (the CuPy backend's target has each thread decode into
+its own page-locked buffer and copy that to the GPU); a target with a ``lookahead`` decodes
+only that many bytes ahead of its consumer.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 import google_crc32c
 import numpy as np
@@ -38,6 +44,43 @@ _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 class Unsupported(Exception):
     """A layout this reader does not parse (the caller falls back to zarr)."""
+
+
+class Target(Protocol):
+    """Where decoded entries go: the memory of the arrays a reading hands over."""
+
+    lookahead: int | None  # bytes decoded ahead of the consumer; None: all at once
+
+    def empty(self, size: int, dtype: np.dtype) -> Any:
+        """An uninitialized 1-D output array."""
+        ...
+
+    def chunk(self, out: Any, start: int, size: int, dtype: np.dtype) -> np.ndarray:
+        """Host memory that `size` decoded entries bound for out[start:] are decoded into
+        (on the decoding thread; valid until its next call)."""
+        ...
+
+    def put(self, out: Any, start: int, chunk: np.ndarray) -> None:
+        """Deliver a decoded :meth:`chunk` to out[start:]."""
+        ...
+
+
+class HostTarget:
+    """NumPy arrays in host memory, decoded in place, every array at once."""
+
+    lookahead = None
+
+    def empty(self, size: int, dtype: np.dtype) -> np.ndarray:
+        return np.empty(size, dtype)
+
+    def chunk(self, out: np.ndarray, start: int, size: int, dtype: np.dtype) -> np.ndarray:
+        return out[start : start + size]
+
+    def put(self, out: np.ndarray, start: int, chunk: np.ndarray) -> None:
+        """Nothing to do: the chunk was decoded in place."""
+
+
+HOST = HostTarget()
 
 
 def _damaged(path: str, what: str) -> StoreError:
@@ -96,9 +139,9 @@ class Layout:
             raise Unsupported("array-to-bytes codec")
         self.codecs = [_codec(c) for c in codecs[1:]]
 
-    def jobs(self, out: np.ndarray, lo: int, hi: int) -> list[Job]:
-        """Work that fills `out` with entries [lo, hi); the files are mapped here, decoded
-        by the jobs."""
+    def jobs(self, out: Any, lo: int, hi: int, target: Target = HOST) -> list[Job]:
+        """Work that fills `out` (made by `target`) with entries [lo, hi); the files are
+        mapped here, decoded by the jobs."""
         jobs: list[Job] = []
         for k, start in enumerate(range(0, self.size, self.outer)):
             stop = min(start + self.outer, self.size)
@@ -106,13 +149,14 @@ class Layout:
                 continue
             data = _map(os.path.join(self.path, *f"c{self.sep}{k}".split("/")))
             if self.inner is None:
-                jobs.append(self._job(data, f"chunk {k}", start, stop, out, lo, hi))
+                jobs.append(self._job(data, f"chunk {k}", start, stop, out, lo, hi, target))
             else:
-                jobs += self._shard_jobs(data, k, start, stop, out, lo, hi)
+                jobs += self._shard_jobs(data, k, start, stop, out, lo, hi, target)
         return jobs
 
     def _shard_jobs(
-        self, data: Any, k: int, start: int, stop: int, out: np.ndarray, lo: int, hi: int
+        self, data: Any, k: int, start: int, stop: int, out: Any, lo: int, hi: int,
+        target: Target,
     ) -> list[Job]:
         n_inner = -(-self.outer // self.inner)  # type: ignore[operator]
         index_bytes = 16 * n_inner
@@ -134,35 +178,55 @@ class Layout:
             c0 = start + j * inner
             c1 = min(c0 + inner, stop)
             chunk = data[int(offset) : int(offset) + int(length)]
-            jobs.append(self._job(chunk, f"chunk {j} of shard {k}", c0, c1, out, lo, hi))
+            jobs.append(
+                self._job(chunk, f"chunk {j} of shard {k}", c0, c1, out, lo, hi, target)
+            )
         return jobs
 
     def _job(
-        self, raw: Any, where: str, c0: int, c1: int, out: np.ndarray, lo: int, hi: int
+        self, raw: Any, where: str, c0: int, c1: int, out: Any, lo: int, hi: int, target: Target
     ) -> Job:
         """Decode one stored chunk holding entries [c0, c1) into its part of out[lo:hi]."""
 
         def run() -> None:
-            decoded = self._decode(raw, where)
-            if decoded.size < c1 - c0:
-                raise _damaged(self.path, f"{where} holds {decoded.size} entries, not {c1 - c0}")
             a, b = max(lo, c0), min(hi, c1)
-            out[a - lo : b - lo] = decoded[a - c0 : b - c0]
+            into = target.chunk(out, a - lo, b - a, self.dtype)
+            self._decode(raw, where, c1 - c0, a - c0, into)
+            target.put(out, a - lo, into)
 
         return run
 
-    def _decode(self, data: Any, where: str) -> np.ndarray:
-        for codec in reversed(self.codecs):
+    def _decode(self, data: Any, where: str, size: int, first: int, into: np.ndarray) -> None:
+        """Check and decode a chunk of `size` entries (stored at least that many) and put
+        entries [first, first + into.size) of it into `into`: decoded there straight
+        when that is the whole chunk and the last codec is blosc (no allocation)."""
+        for k in range(len(self.codecs) - 1, -1, -1):
+            codec = self.codecs[k]
             if codec == "crc32c":
                 if len(data) < 4 or google_crc32c.value(data[:-4]) != _stored_crc(data):
                     raise _damaged(self.path, f"{where} fails its checksum")
                 data = data[:-4]
-            else:
+                continue
+            whole = k == 0 and isinstance(codec, Blosc) and len(data) >= 16
+            if whole and _blosc_nbytes(data) == size * self.dtype.itemsize == into.nbytes:
                 try:
-                    data = codec.decode(data)
+                    codec.decode(data, out=into)
                 except Exception as exc:
                     raise _damaged(self.path, f"{where} does not decode ({exc})") from None
-        return np.frombuffer(data, self.dtype)
+                return
+            try:
+                data = codec.decode(data)
+            except Exception as exc:
+                raise _damaged(self.path, f"{where} does not decode ({exc})") from None
+        decoded = np.frombuffer(data, self.dtype)
+        if decoded.size < size:
+            raise _damaged(self.path, f"{where} holds {decoded.size} entries, not {size}")
+        into[...] = decoded[first : first + into.size]
+
+
+def _blosc_nbytes(data: Any) -> int:
+    """The decoded size a blosc frame's header gives (bytes 4-7, little-endian)."""
+    return int(np.frombuffer(data[4:8], "<u4")[0])
 
 
 def _stored_crc(data: Any) -> int:
@@ -206,33 +270,81 @@ def supported(path: str) -> bool:
 
 
 class Reading:
-    """Arrays being decoded on the pool: :meth:`get` waits for one array's chunks only."""
+    """Arrays being decoded on the pool, in request order: :meth:`get` waits for one
+    array's chunks only. With a target's ``lookahead``, the arrays after the one asked for
+    are started while fewer bytes than that are decoded and not yet asked for, and get
+    hands an array over (the reading forgets it, so the consumer frees it when done);
+    else all start at once and are kept. Such a consumer must not wait on the pool's own
+    threads: the work it waits for is started by its own calls."""
 
-    def __init__(self, outs: list[np.ndarray], pending: list[list[Future]]):
-        self._outs, self._pending = outs, pending
+    def __init__(
+        self, requests: Sequence[tuple[Layout, int, int]], threads: int, target: Target
+    ):
+        self._requests, self._threads, self._target = list(requests), threads, target
+        self._outs: list[Any] = [None] * len(self._requests)
+        self._pending: list[list[Future]] = [[] for _ in self._requests]
+        self._bytes = [0] * len(self._requests)  # of each array started, not handed over
+        self._started = self._ahead = 0
+        self._lock = threading.Lock()
+        self._start_through(0)
+
+    @classmethod
+    def done(cls, arrays: list[np.ndarray]) -> Reading:
+        """A reading of arrays already in memory (read some other way)."""
+        reading = cls([], 1, HOST)
+        reading._outs = list(arrays)
+        reading._pending = [[] for _ in arrays]
+        reading._bytes = [0] * len(arrays)
+        reading._started = len(arrays)
+        return reading
 
     def __len__(self) -> int:
         return len(self._outs)
 
-    def get(self, k: int) -> np.ndarray:
+    def _start_through(self, k: int) -> None:
+        """Start arrays through k, and more while the lookahead allows."""
+        limit = self._target.lookahead
+        with self._lock:
+            while self._started < len(self._requests) and (
+                self._started <= k or limit is None or self._ahead < limit
+            ):
+                n = self._started
+                lay, lo, stop = self._requests[n]
+                out = self._target.empty(stop - lo, lay.dtype)
+                self._outs[n] = out
+                self._pending[n] = submit(lay.jobs(out, lo, stop, self._target), self._threads)
+                self._bytes[n] = (stop - lo) * lay.dtype.itemsize
+                self._ahead += self._bytes[n]
+                self._started += 1
+
+    def get(self, k: int) -> Any:
+        """Array k once decoded (a decoding job's StoreError is raised here)."""
+        self._start_through(k)
         for future in self._pending[k]:
-            future.result()  # raises a decoding job's StoreError here
-        return self._outs[k]
+            future.result()
+        out = self._outs[k]
+        if self._target.lookahead is not None:
+            self._outs[k], self._pending[k] = None, []
+            with self._lock:
+                self._ahead -= self._bytes[k]
+                self._bytes[k] = 0
+        return out
 
 
-def start(requests: Sequence[tuple[str, int, int | None]], threads: int = 1) -> Reading:
+def start(
+    requests: Sequence[tuple[str, int, int | None]], threads: int = 1, target: Target = HOST
+) -> Reading:
     """Begin decoding entries [lo, hi) of each local array (path, lo, hi; hi None: to the
-    end) on up to `threads` threads, in request order; returns at once."""
-    outs, pending = [], []
+    end) on up to `threads` threads into arrays made by `target`, in request order;
+    returns at once."""
+    checked = []
     for path, lo, hi in requests:
         lay = layout(path)
         stop = lay.size if hi is None else hi
         if not 0 <= lo <= stop <= lay.size:
             raise _damaged(path, f"entries [{lo}, {stop}) asked of an array of {lay.size}")
-        out = np.empty(stop - lo, lay.dtype)
-        pending.append(submit(lay.jobs(out, lo, stop), threads))
-        outs.append(out)
-    return Reading(outs, pending)
+        checked.append((lay, lo, stop))
+    return Reading(checked, threads, target)
 
 
 def read(requests: Sequence[tuple[str, int, int | None]], threads: int = 1) -> list[np.ndarray]:
@@ -241,4 +353,5 @@ def read(requests: Sequence[tuple[str, int, int | None]], threads: int = 1) -> l
     return [reading.get(k) for k in range(len(reading))]
 
 
-__all__ = ["Reading", "Unsupported", "layout", "read", "start", "supported"]
+__all__ = ["HOST", "HostTarget", "Reading", "Target", "Unsupported", "layout", "read", "start",
+           "supported"]

@@ -189,17 +189,21 @@ class RatingsStore:
         reading = self.start(arrays, threads)
         return [reading.get(k) for k in range(len(reading))]
 
-    def start(self, arrays: list[tuple[str, int, int | None]], threads: int = 1) -> Any:
+    def start(
+        self, arrays: list[tuple[str, int, int | None]], threads: int = 1,
+        target: shards.Target = shards.HOST,
+    ) -> shards.Reading:
         """Begin reading arrays (as :meth:`read`); ``.get(k)`` waits for array k only.
 
-        A local store is read by :mod:`.shards` on `threads` threads (a missing or damaged
-        chunk is a StoreError); a remote one through zarr, at once (the callers validate the
-        values: a missing chunk reads as an impossible fill value).
+        A local store is read by :mod:`.shards` on `threads` threads into `target`'s arrays
+        (a missing or damaged chunk is a StoreError); a remote one through zarr, at once,
+        into NumPy arrays (the callers validate the values: a missing chunk reads as an
+        impossible fill value).
         """
         if not is_url(self.url):
             try:
                 return shards.start([(os.path.join(self.url, p), lo, hi) for p, lo, hi in arrays],
-                                    threads)  # fmt: skip
+                                    threads, target)  # fmt: skip
             except shards.Unsupported:
                 pass
         group, out = self._group, []
@@ -208,7 +212,7 @@ class RatingsStore:
                 out.append(np.asarray(group[path][lo:hi]))
             except KeyError:
                 raise StoreError(f"{self.url}: damaged store: '{path}' is missing") from None
-        return shards.Reading(out, [[] for _ in out])
+        return shards.Reading.done(out)
 
     # ------------------------------------------------------------------ metadata
     @property

@@ -42,9 +42,11 @@ def load_block(
     made CSR where the backend computes (the GPU builds it on the device), or with `host`
     in the backend's host memory (pinned on a GPU: each use copies it over at full speed).
     `after`: the task this read waits for (bounds a streamed plan's read-ahead); unused."""
-    bands = read_bands(store, orient, rows, cols, split, threads)
     be = get_backend(backend)
-    return be.host_block(bands, threads) if host else be.block_from_bands(bands, threads)
+    if host:
+        return be.host_block(read_bands(store, orient, rows, cols, split, threads), threads)
+    bands = read_bands(store, orient, rows, cols, split, threads, be.decode_target())
+    return be.block_from_bands(bands, threads)
 
 
 def staged_copy(block: Block, backend: str, after: Any = None) -> Block:
