@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cumf_dask.config import HalfStepConfig, PlanConfig
+from cumf_dask.engine.costs import half_step_cost
 from cumf_dask.engine.plan import balanced_bounds, make_plan
 from cumf_dask.errors import ConfigError, PlanError
 
@@ -111,7 +112,10 @@ def test_factor_goes_to_host_memory_when_it_does_not_fit():
     assert plan.x.memory["R blocks ahead"] == 2 * plan.x.memory["R block"]
     assert plan.x.peak + plan.factor_bytes() < 6 * GB * 0.9
     assert _facebook_plan(80, factors="host").host_factor == "x"  # forced
-    assert _facebook_plan(6, workers=2).host_factor is None  # half of X per worker fits
+    # two workers: each holds half of X, and in update Theta the parts of X it gathered
+    # (the other half's worth): that fits 8 GB, not 6
+    assert _facebook_plan(8, workers=2).host_factor is None
+    assert _facebook_plan(6, workers=2).host_factor == "x"
     with pytest.raises(PlanError, match=r"plan\.factors is device .* set plan\.factors to host"):
         _facebook_plan(6, factors="device")
     with pytest.raises(ConfigError, match=r"plan\.factors"):
@@ -156,3 +160,28 @@ def test_cost_model_replicates_a_short_factor():
     slow = make_plan(480_189, 17_770, 99_000_000, 100, 2, 80 * GB, backend="cupy", link=1e9)
     assert slow.theta.predicted["transfer"] > 30 * fast.theta.predicted["transfer"] > 0
     assert "60.0 GB/s (measured)" in fast.table()
+
+
+def test_counts_that_leave_a_worker_idle_cost_what_they_leave():
+    """The busiest worker sets a half-step's time: 3 batches (or parts) on 2 workers take
+    as long as 2 of 2 bigger ones would, so the planner runs as many on every worker."""
+    args = (1_000_000, 20_000, 50_000_000, 32)
+    cost = {(p, q): half_step_cost(*args, p, q, 2, "cupy", 60e9).compute
+            for p, q in ((1, 2), (1, 3), (1, 4), (2, 4), (3, 4), (4, 4))}  # fmt: skip
+    assert cost[1, 3] == pytest.approx(cost[1, 4] * 4 / 3)
+    assert cost[1, 2] == pytest.approx(cost[1, 4])
+    assert cost[3, 4] > cost[4, 4] == pytest.approx(cost[2, 4])
+    plan = _plan(1_000_000, 1000, 10_000_000, 100, 2, 2 * GB)
+    assert plan.x.p == 1 and plan.x.q > 2 and plan.x.q % 2 == 0
+
+
+def test_reduce_to_one_costs_one_worker_every_sum_and_solve():
+    """reduction "one": the one worker receives the other holders' whole sums and solves
+    every row; the reduce-scatter spreads both over the workers."""
+    args = (2_000_000, 40_000, 100_000_000, 100, 4, 4, 4, "cupy", 60e9)
+    one, scatter = (half_step_cost(*args, aligned=True, reduction=r) for r in ("one", "scatter"))
+    assert one.moved == pytest.approx(scatter.moved * 4)  # 3 whole sums vs 3/4 of one
+    assert one.compute > scatter.compute
+    one, scatter = (_plan(50_000, 200_000, 5_000_000, 32, 4, 4 * GB, p=4, q=2, reduction=r)
+                    for r in ("one", "scatter"))  # fmt: skip
+    assert one.theta.predicted["seconds"] > scatter.theta.predicted["seconds"]  # the plan's

@@ -84,12 +84,17 @@ def half_step_cost(
     link: float,
     aligned: bool = False,
     copied_in: float = 0.0,
+    reduction: str = "scatter",
 ) -> HalfStepCost:
     """Predicted cost of a half-step with p parts and q batches on `workers` workers.
 
+    The busiest worker's share: ceil(q / W) of the q batches (p = 1), ceil(p / W) of the p
+    parts (p > 1), so a count that is not a multiple of W costs what it leaves idle.
     `aligned`: (p > 1) the parts are where the other half-step solved them, so the fixed
     factor is not gathered. `copied_in`: bytes per worker of a fixed factor in host memory
-    copied to its device.
+    copied to its device. `reduction` (p > 1): "one" sums and solves every batch on one
+    worker, which receives the other holders' whole sums; the others cut the sums into one
+    slice per worker holding parts.
     """
     rates = RATES.get(backend.partition("+")[0], RATES["numpy"])
     w = max(1, workers)
@@ -97,17 +102,21 @@ def half_step_cost(
     flop_gram = nnz * f * (f + 1)
     flop_solve = n_rows * f**3 / 3
     if p == 1:
-        busy = min(w, q)
-        compute = (flop_gram / rates.gram_fused + flop_solve / rates.solve) / busy
+        share = math.ceil(q / w) / q
+        compute = (flop_gram / rates.gram_fused + flop_solve / rates.solve) * share
         moved = n_cols * f * BYTES * remote
-        tasks = q / busy
+        tasks = math.ceil(q / w)
     else:
-        busy = min(w, p)
-        compute = flop_gram / rates.gram_stored / busy + flop_solve / rates.solve / w
-        moved = n_rows * (f * (f + 1) / 2 + f) * BYTES * remote
+        holders = min(p, w)  # workers holding parts: each sends its sum of a batch
+        slices = 1 if reduction == "one" else holders
+        compute = (
+            flop_gram / rates.gram_stored * math.ceil(p / w) / p
+            + flop_solve / rates.solve / slices
+        )  # fmt: skip
+        packed = n_rows * (f * (f + 1) / 2 + f) * BYTES
+        moved = packed * (holders - 1) / slices
         if not aligned:
             moved += n_cols / w * f * BYTES * remote
-        slices = min(p, w)  # one per worker holding parts, cut out of each such worker's sum
-        tasks = q * (p + slices * slices + slices) / w  # hermitians, slices, solves
+        tasks = q * (math.ceil(p / w) + slices + 1)  # hermitians, slices of its sum, a solve
     transfer = 0.0 if moved == 0 else moved / link
     return HalfStepCost(compute, moved, transfer, tasks * rates.task, copied_in / rates.bus)

@@ -239,23 +239,30 @@ class _Run:
         self.began = time.perf_counter()
 
     def until_done(self, resume: bool) -> FitResult:
+        """The fit's result; the blocks it kept on the workers are let go however it ends
+        (a failed fit's traceback, which a notebook keeps, holds its frames)."""
         engine, checkpointer = self.engine, self.checkpointer
-        state = self._start(checkpointer.latest() if resume and checkpointer else None)
-        losses = 0
-        while True:
-            try:
-                self._iterate(state)
-                X = state.X
-                if X is None:  # nothing ran (iterations == 0): X from the initial Theta
-                    X = engine.half_step("x", state.theta, state.done + 1)
-                session = Session(engine, X, state.theta)
-                factors = session.gather()
-                break
-            except WorkerLost as lost:
-                if lost.memory:
-                    raise
-                losses += 1
-                state = self._recover(lost, state, losses)
+        try:
+            state = self._start(checkpointer.latest() if resume and checkpointer else None)
+            losses = 0
+            while True:
+                try:
+                    self._iterate(state)
+                    X = state.X
+                    if X is None:  # nothing ran (iterations == 0): X from the initial Theta
+                        X = engine.half_step("x", state.theta, state.done + 1)
+                    session = Session(engine, X, state.theta)
+                    factors = session.gather()
+                    break
+                except WorkerLost as lost:
+                    if lost.memory:
+                        raise
+                    losses += 1
+                    state = self._recover(lost, state, losses)
+        except BaseException:
+            with suppress(Exception):  # the fit's own error is the one to see
+                engine.release()
+            raise
         engine.release()
         done = max(state.done, self.params.iterations)
         return FitResult(engine.plan, state.metrics, done, session, (factors[0], factors[1]))

@@ -11,8 +11,10 @@ Best practices from the paper, applied in order:
 2. otherwise start from p with n f / p ~ C / 2, and
 3. take the smallest q that fits (never more: more batches only add overhead),
 
-with three additions for Dask: q is at least the number of workers when p = 1 (every worker
-gets batches); on several workers each half-step may instead be data parallel over the
+with three additions for Dask: q is a multiple of the number of workers when p = 1 (every
+worker gets as many batches; the cost model charges the busiest worker's share, so a p that
+leaves a worker idle is slower too, and a worker holds all the parts it gathered); on
+several workers each half-step may instead be data parallel over the
 batches the other half-step solved (p = its q, parts where they were solved), whichever the
 cost model (:mod:`.costs`: compute, bytes moved at the link's bandwidth, task overhead)
 predicts faster; and the rating blocks of both orientations are loaded once and kept in
@@ -243,18 +245,25 @@ def balanced_bounds(counts: np.ndarray | int, parts: int) -> list[int]:
 
 def _memory(
     n_rows: int, n_cols: int, nnz: int, f: int, p: int, q: int, fused: bool,
-    parts_outer: bool = False, host_blocks: bool = False,
+    parts_outer: bool = False, host_blocks: bool = False, workers: int = 1,
+    fixed_on_host: bool = False,
 ) -> dict:
     """Bytes per worker by item. p > 1: each worker sums its parts' packed partial (A, B) of
-    a batch; `parts_outer` (a fixed factor in host memory, each part copied in once): the
-    sums of all batches are held, and two parts (one in use, the next arriving);
+    a batch, and holds the parts of the fixed factor it gathered (ceil(p / workers) of
+    them) for the half-step; a fixed factor in host memory (`fixed_on_host`) comes to the
+    device one part per use, or with `parts_outer` (each part copied in once) two parts
+    (one in use, the next arriving), and the sums of all batches are held;
     `host_blocks` (R in host memory): a block copied ahead (:func:`staged`) is on the
     device beside the one computing and the one before, whose kernels may still run."""
     rows = math.ceil(n_rows / q)
     block = math.ceil(nnz / (p * q)) * RATING_BYTES
+    if p == 1 or (fixed_on_host and not parts_outer):
+        held = 1
+    else:
+        held = 2 if parts_outer else math.ceil(p / workers)
     est = {
         "solved batch": rows * f * BYTES,
-        "fixed part": math.ceil(n_cols / p) * f * BYTES * (2 if parts_outer and p > 1 else 1),
+        "fixed part": math.ceil(n_cols / p) * f * BYTES * held,
         "R block": block,
         "B": rows * f * BYTES,
     }
@@ -301,7 +310,8 @@ def _half_step(
     Its ``predicted`` cost is filled in by make_plan, which knows the link.
     """
     def fits(p_: int, q_: int) -> bool:
-        est = _memory(n_rows, n_cols, nnz, f, p_, q_, fused, parts_outer, host_blocks)
+        est = _memory(n_rows, n_cols, nnz, f, p_, q_, fused, parts_outer, host_blocks, workers,
+                      fixed_on_host)  # fmt: skip
         return sum(est.values()) < budget
 
     q_max = max(1, n_rows)
@@ -319,11 +329,12 @@ def _half_step(
                 )
     if q is None:
         q = next((qq for qq in _counts_from(1, q_max) if fits(p, qq)), q_max)
-        if p == 1:
-            q = max(q, min(workers, q_max))
+        if p == 1:  # every worker runs as many batches (smaller ones fit too)
+            q = min(q_max, math.ceil(q / workers) * workers)
     p = max(1, min(p, n_cols))
     q = max(1, min(q, n_rows))
-    memory = _memory(n_rows, n_cols, nnz, f, p, q, fused, parts_outer, host_blocks)
+    memory = _memory(n_rows, n_cols, nnz, f, p, q, fused, parts_outer, host_blocks, workers,
+                     fixed_on_host)  # fmt: skip
     if sum(memory.values()) >= budget:
         raise PlanError(
             f"update {side}: p={p}, q={q} needs {sum(memory.values()) / 1e9:.2f} GB per worker, "
@@ -433,6 +444,8 @@ def make_plan(
         for side, (*_, sc) in sides.items()
     }
     link_bw = link if link is not None else ASSUMED_LINK.get(transport, ASSUMED_LINK["tcp"])
+    price = partial(_price, workers=workers, backend=backend, link=link_bw,
+                    reduction=config.reduction)  # fmt: skip
 
     def half_steps(
         room: int, host: Side | None, host_blocks: bool = False
@@ -449,7 +462,8 @@ def make_plan(
                 def seconds(p_: int, q_: int) -> float:
                     copied = _copied_in(cols, f, p_, q_, workers, parts_outer)
                     return half_step_cost(rows, cols, nnz, f, p_, q_, workers, backend, link_bw,
-                                          copied_in=copied if fixed_on_host else 0).seconds
+                                          copied_in=copied if fixed_on_host else 0,
+                                          reduction=config.reduction).seconds
 
                 return _half_step(side, rows, cols, nnz, f, workers, room, rc, cc, p=p, q=q,
                                   fused=backend == "cupy", parts_outer=parts_outer,
@@ -466,16 +480,16 @@ def make_plan(
                     if not (outer or options):
                         raise
             for option in options:
-                _price(option, workers, backend, link_bw)
+                price(option)
             return min(options, key=lambda h: h.predicted["seconds"])
 
         x, theta = (half(side, *forced[side]) for side in ("x", "theta"))  # type: ignore[arg-type]
         for h in (x, theta):
-            _price(h, workers, backend, link_bw)
+            price(h)
         candidates = [(x, theta)]
         if workers > 1:
             for side in ("x", "theta"):
-                alternative = _aligned(side, x, theta, forced, half, workers, backend, link_bw)
+                alternative = _aligned(side, x, theta, forced, half, price)
                 if alternative is not None:
                     candidates.append(alternative)
         return min(candidates, key=lambda c: c[0].predicted["seconds"] + c[1].predicted["seconds"])
@@ -582,11 +596,11 @@ def _block_tier(
     return wanted
 
 
-def _price(h: HalfStepPlan, workers: int, backend: str, link: float) -> None:
+def _price(h: HalfStepPlan, workers: int, backend: str, link: float, reduction: str) -> None:
     """Fill in h.predicted from the cost model."""
     cost = half_step_cost(
         h.n_rows, h.n_cols, h.nnz, h.f, h.p, h.q, workers, backend, link, aligned=h.aligned,
-        copied_in=h.copied_in,
+        copied_in=h.copied_in, reduction=reduction,
     )
     h.predicted = {**asdict(cost), "seconds": cost.seconds}
 
@@ -597,9 +611,7 @@ def _aligned(
     theta: HalfStepPlan,
     forced: dict[str, tuple[int | None, int | None]],
     half: Any,
-    workers: int,
-    backend: str,
-    link: float,
+    price: Callable[[HalfStepPlan], None],
 ) -> tuple[HalfStepPlan, HalfStepPlan] | None:
     """(x, theta) with `side` data parallel over the batches the other half-step solved, or
     None when p or q of that side is forced, the other half-step is not model parallel over
@@ -612,5 +624,5 @@ def _aligned(
     except PlanError:
         return None
     alt.aligned = alt.col_bounds == other.row_bounds
-    _price(alt, workers, backend, link)
+    price(alt)
     return (alt, theta) if side == "x" else (x, alt)
