@@ -773,11 +773,12 @@ class CupyBackend(Backend):
             # Rows with ratings are stored by _gram; only the others need zeros.
             A = cp.empty((block.n_rows, f, f), cp.float32)
             B = cp.empty((block.n_rows, f), cp.float32)
-            empty = cp.flatnonzero(cp.diff(csr[0]) == 0)
+            degree = cp.diff(csr[0])
+            empty = cp.flatnonzero(degree == 0)
             if empty.size:
                 A[empty] = 0
                 B[empty] = 0
-            self._gram_rated(csr, scale, fixed, vec, A, B, spec, sum_into=False)
+            self._gram_rated(csr, scale, fixed, vec, A, B, spec, sum_into=False, degree=degree)
             return A, B
 
     def packed_hermitian(
@@ -798,10 +799,12 @@ class CupyBackend(Backend):
 
     def _gram_rated(
         self, csr: tuple, scale: Any, fixed: Any, vec: np.int32, A: Any, B: Any,
-        spec: UpdateSpec | None, sum_into: bool,
+        spec: UpdateSpec | None, sum_into: bool, degree: Any = None,
     ) -> None:  # fmt: skip
-        """:meth:`_gram` of the rows of `csr` that have ratings."""
-        rows = cp.flatnonzero(cp.diff(csr[0]) > 0).astype(cp.int32)
+        """:meth:`_gram` of the rows of `csr` that have ratings (`degree`: their counts, if
+        already found)."""
+        degree = cp.diff(csr[0]) if degree is None else degree
+        rows = cp.flatnonzero(degree > 0).astype(cp.int32)
         if rows.size:
             launches = self._gram_launches(csr[0], rows, rows, self._row_kernel(fixed, spec))
             self._gram(csr, fixed, vec, launches, A, B, scale, spec, sum_into)
