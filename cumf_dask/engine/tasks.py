@@ -16,6 +16,7 @@ from ..backend import get_backend
 from ..backend.objective import UpdateSpec
 from ..blocks import Block, select_columns
 from ..data.assemble import read_bands
+from ..data.shards import HOST
 from ..data.store import Orientation, RatingsStore, Split
 from ..errors import out_of_memory_as
 from ..factors import init_factor
@@ -43,10 +44,9 @@ def load_block(
     in the backend's host memory (pinned on a GPU: each use copies it over at full speed).
     `after`: the task this read waits for (bounds a streamed plan's read-ahead); unused."""
     be = get_backend(backend)
-    if host:
-        return be.host_block(read_bands(store, orient, rows, cols, split, threads), threads)
-    bands = read_bands(store, orient, rows, cols, split, threads, be.decode_target())
-    return be.block_from_bands(bands, threads)
+    target = HOST if host else be.decode_target()
+    bands = read_bands(store, orient, rows, cols, split, threads, target)
+    return be.host_block(bands, threads) if host else be.block_from_bands(bands, threads)
 
 
 def staged_copy(block: Block, backend: str, after: Any = None) -> Block:
