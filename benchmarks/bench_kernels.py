@@ -21,6 +21,9 @@ In one process, with CUDA events (warm-up first, median of repeats) on fresh ran
   checked against the NumPy backend's bfloat16 emulation and the float64 solve from the
   unrounded factor.
 
+Short rows (fewer ratings than 24, 40, 56 or 72, and than f) take the push-through identity
+(``dual_update_kernel``); the column "no dual" times the same update without it.
+
 Hermitian work is counted as f(f+1)/2 multiply-adds per rating (the lower triangle of
 theta theta^T; B's f per rating not counted), i.e. nnz * f * (f + 1) flop. The Gram stage
 inside the fused update (A never stored) is timed by difference: the rows the fused kernel
@@ -194,7 +197,9 @@ def rows_block(block: Block, rows, first_only: bool = False) -> Block:
 def fused_gram(be: CupyBackend, block: Block, fixed) -> dict[str, float]:
     """The Gram stage inside the fused update, by difference: the rows the fused kernel
     takes (up to long_row ratings) updated as they are, minus the same rows with one
-    rating each (the same Cholesky and per-row work, almost no Gram)."""
+    rating each (the same Cholesky and per-row work, almost no Gram). Short rows stay on
+    the fused kernel here (no dual_update_kernel)."""
+    be = CupyBackend(be.long_row, be.threads_per_sm, be.precision, dual_sizes=())
     deg = cp.diff(block.indptr)
     rows = cp.flatnonzero((deg > 0) & (deg <= be.long_row))
     whole, single = rows_block(block, rows), rows_block(block, rows, first_only=True)
@@ -245,6 +250,10 @@ def bench_side(block: Block, fixed, precision: str, variants: bool, n_sample: in
     r["update_s"], r["update_spread"] = t["median"], (t["min"], t["max"])
     r["update_TFLOPs"] = flop / t["median"] / 1e12
     r["fused"] = fused_gram(be, block, stored)
+    primal = CupyBackend(precision=precision, dual_sizes=())
+    r["update_primal_s"] = timeit(lambda b=block, x=stored, c=counts: primal.update(b, x, c, LAM))[
+        "median"
+    ]
     if variants:
         for key, other in (
             ("update_threads576_s", CupyBackend(threads_per_sm=576)),
@@ -356,19 +365,21 @@ def main() -> None:
     for s in results["solve"]:
         print(f"| {s['f']} | {s['systems']} | {s['ours_per_s']:.3g} | {s['cusolver_per_s']:.3g} "
               f"| {s['cupy_solve_per_s']:.3g} | {s['err_ours']:.1e} |")  # fmt: skip
-    print("| shape | side | precision | nnz | update s | prepare s | update TFLOP/s | hermitian "
-          "TFLOP/s | fused Gram TFLOP/s | err vs NumPy | err vs f64 (NumPy's) |")  # fmt: skip
+    print("| shape | side | precision | nnz | update s | no dual s | prepare s | update TFLOP/s "
+          "| hermitian TFLOP/s | fused Gram TFLOP/s | err vs NumPy "
+          "| err vs f64 (NumPy's) |")  # fmt: skip
     for res in results["shapes"]:
         for side in ("X", "Theta"):
             for p, r in res[side].items():
                 err = r["err"]
                 print(f"| {res['shape']} | {side} | {p} | {r['nnz']} | {r['update_s']:.4f} "
-                      f"| {r['prepare_s']:.4f} | {r['update_TFLOPs']:.1f} "
+                      f"| {r['update_primal_s']:.4f} | {r['prepare_s']:.4f} "
+                      f"| {r['update_TFLOPs']:.1f} "
                       f"| {r['hermitian_TFLOPs']:.1f} | {r['fused']['gram_TFLOPs']:.1f} "
                       f"| {err['gpu_vs_numpy']:.1e} "
                       f"| {err['gpu_vs_f64']:.1e} ({err['numpy_vs_f64']:.1e}) |")  # fmt: skip
         for p, t in res["iteration_s"].items():
-            print(f"| {res['shape']} | iteration (both updates) | {p} | | {t:.4f} | | | | | | |")
+            print(f"| {res['shape']} | iteration (both updates) | {p} | | {t:.4f} | | | | | | | |")
 
 
 if __name__ == "__main__":

@@ -142,6 +142,54 @@ def test_update_finds_its_rows_once_per_block(cpu, f):
     assert not gpu._row_sets
 
 
+@pytest.mark.parametrize("f", [24, 100, 200])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_short_rows_by_the_push_through_identity(f, weighted):
+    """Rows with fewer ratings than a dual size (each size, its edges, a row without
+    ratings, rows left to the fused kernel) solve the n x n system: the same x as the
+    float64 reference and as the update without it (float32 factors; bfloat16 ones keep
+    the fused kernel)."""
+    from cumf_dask.backend.cupy_backend import (
+        DUAL_SIZES,
+        STATIC_SMEM,
+        CupyBackend,
+        dual_smem_bytes,
+        padded_size,
+    )
+    from cumf_dask.backend.objective import UpdateSpec
+
+    rng = np.random.default_rng()
+    degrees = [1, 2, 7, 8, 0, 22, 23, 24, 25, 39, 40, 41, 55, 56, 70, 71, 72, 73, 99, 150]
+    m, n = len(degrees), 400
+    rows = np.repeat(np.arange(m), degrees)
+    cols = np.concatenate([rng.choice(n, d, replace=False) for d in degrees])
+    vals = rng.uniform(1, 5, rows.size).astype(np.float32)
+    block = coo_to_block(rows, cols, vals, 0, 0, m, n)
+    fixed = (rng.random((n, f)) / np.sqrt(f)).astype(np.float32)
+    counts = np.asarray(degrees)
+    spec = UpdateSpec(0.05, weighted=weighted)
+    ref = np.zeros((m, f))
+    for u, lo, hi in zip(range(m), block.indptr[:-1], block.indptr[1:], strict=True):
+        if hi > lo:
+            G = fixed[block.indices[lo:hi]].astype(np.float64)
+            reg = 0.05 * (hi - lo if weighted else 1)
+            ref[u] = np.linalg.solve(G.T @ G + reg * np.eye(f), G.T @ block.values[lo:hi])
+    dual, primal = CupyBackend(), CupyBackend(dual_sizes=())
+    sizes = dual._dual(f, spec, "float")
+    plan = dual._update_rows(dual.block_to_device(block), dual.asarray(block.indptr),
+                             dual.asarray(counts), f, False, sizes)  # fmt: skip
+    fits = [s for s in DUAL_SIZES if dual_smem_bytes(s, f) <= STATIC_SMEM]
+    assert [size for size, _ in plan.dual] == [s for s in fits if s < padded_size(f)]
+    for size, short in plan.dual:
+        assert (counts[dual.to_host(short)] < size).all()
+    assert dual._dual(f, spec, "bf16") == ()
+    X, X0 = (be.to_host(be.update(be.block_to_device(block), be.asarray(fixed),
+                                  be.asarray(counts), spec)) for be in (dual, primal))  # fmt: skip
+    assert (X[4] == 0).all()
+    assert rel_err(X, ref) < 1e-4
+    assert rel_err(X, X0) < 1e-4
+
+
 def test_above_256_uses_cusolver(gpu):
     m, n, f, lam = 30, 500, 300, 0.05
     rows, cols, vals, block, fixed = _problem(m, n, f, 0.5, 11, empty_rows=[0])

@@ -73,6 +73,10 @@ THREADS_PER_SM = 480  # kernels' register cap: this many resident threads per SM
 LONG_ROW = 4096  # rows with more ratings are split over several blocks (hermitian + solve)
 SMALL_F = 16  # f up to this: the fused update runs one thread per row (row_update_kernel)
 ROW_UNROLL = 4  # ratings row_update_kernel reads at a time (1, 2, 4: within 5% on an H100)
+DUAL_SIZES = (24, 40, 56, 72)  # dual_update_kernel's sizes: rows with fewer ratings than one,
+# by the push-through identity (an n x n system), where it is below F (benchmarks/gpu_notes.md)
+MAX_DUAL = 96  # the largest dual size (its tiles fill three warps)
+STATIC_SMEM = 48 * 1024  # shared memory a kernel may use without opting in
 STAGING_BYTES = 8 << 20  # page-locked buffer of a decoding thread (a 1M-entry int64 chunk)
 LOAD_AHEAD_BYTES = 1 << 29  # decoded band arrays on the GPU before the CSR build takes them
 _SOURCE = Path(__file__).parent / "kernels" / "mo_als.cu"
@@ -98,6 +102,13 @@ def launch_shape(padded: int) -> tuple[int, int]:
     return threads, -(-tiles // threads)
 
 
+def dual_smem_bytes(size: int, f: int) -> int:
+    """Dynamic shared memory of dual_update_kernel<size>: G^T (f rows of size + 4 floats),
+    the Cholesky's CholSmem<size> and y."""
+    chol = 4 * ((size // TILE) * (TILE * TILE + 4) + TILE * TILE + 2 * size + TILE)
+    return 4 * f * (size + 4) + -(-chol // 16) * 16 + 4 * size
+
+
 def systems_per_block(padded: int) -> int:
     """Systems one solve_kernel block solves: as many as fit one warp (kernels' SYS)."""
     tiles = _tiles(padded)
@@ -112,6 +123,7 @@ def kernels(
     implicit: bool = False,
     cg: bool = False,
     small_f: int = 0,
+    dual: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """The compiled kernels for a padded size F on a device (compiled once per process).
 
@@ -121,11 +133,12 @@ def kernels(
     ``cg``: the update runs CG instead of the Cholesky (and ``cg_solve`` is compiled).
     ``small_f``: f, to compile the one-thread-per-row kernels for it: ``row_hermitian``, and
     ``row_update`` instead of the tiled ``update`` (without ``cg``); 0: the tiled ones.
+    ``dual``: the sizes of ``dual_update_kernel`` to compile (``dual24`` ...: short rows).
     A thread that asks while another compiles the same kernels waits for it (the engine
     compiles them in the background while the blocks load).
     """
     with _COMPILING:
-        return _compile(padded, device, threads_per_sm, element, implicit, cg, small_f)
+        return _compile(padded, device, threads_per_sm, element, implicit, cg, small_f, dual)
 
 
 _COMPILING = threading.Lock()
@@ -140,6 +153,7 @@ def _compile(
     implicit: bool,
     cg: bool,
     small_f: int,
+    dual: tuple[int, ...],
 ) -> dict[str, Any]:
     threads, _ = launch_shape(padded)
     min_blocks = max(1, threads_per_sm // threads)
@@ -153,6 +167,10 @@ def _compile(
         names["row_update"] = f"row_update_kernel<{row}>"
     elif padded <= padded_size(MAX_FUSED_F):
         names["update"] = f"update_kernel<{shape}, {element}, {imp}, {use_cg}>"
+    for size in dual:
+        t = launch_shape(size)[0]
+        dual_shape = f"{size}, {t}, {max(1, threads_per_sm // t)}"
+        names[f"dual{size}"] = f"dual_update_kernel<{dual_shape}>"
     if padded <= padded_size(MAX_FUSED_F):
         names["solve"] = f"solve_kernel<{shape}>"
         if cg:
@@ -220,6 +238,7 @@ class _UpdateRows:
     """Which rows of a block the update solves how (:meth:`CupyBackend._update_rows`)."""
 
     fused: Any  # int32 rows for the fused update, longest first
+    dual: list[tuple[int, Any]]  # (size, int32 rows with fewer ratings) per dual_update_kernel
     batches: list[tuple[Any, _GramLaunches]]  # long rows in batches: (rows, their Gram)
 
 
@@ -339,6 +358,9 @@ class CupyBackend(Backend):
     ``threads_per_sm``: resident threads per SM that the kernels' register cap aims at
     (more threads: fewer registers, some spilled). The defaults were the fastest measured
     at f = 100 (benchmarks/gpu_notes.md).
+    ``dual_sizes``: explicit Cholesky updates of float32 factors solve rows with fewer
+    ratings than one of these sizes (and than f) as an n x n system
+    (``dual_update_kernel``); () turns that off.
     """
 
     name = "cupy"
@@ -349,12 +371,17 @@ class CupyBackend(Backend):
         long_row: int = LONG_ROW,
         threads_per_sm: int = THREADS_PER_SM,
         precision: str = "float32",
+        dual_sizes: Sequence[int] = DUAL_SIZES,
     ):
         super().__init__(precision)
         if long_row < 1:
             raise ValueError(f"long_row must be at least 1, got {long_row}")
+        if any(size % TILE or not TILE < size <= MAX_DUAL for size in dual_sizes):
+            raise ValueError(f"dual_sizes must be multiples of {TILE} from 16 to {MAX_DUAL}, "
+                             f"got {tuple(dual_sizes)}")  # fmt: skip
         self.long_row = int(long_row)
         self.threads_per_sm = threads_per_sm
+        self.dual_sizes = tuple(sorted(dual_sizes))
         # id(block): (counts, key, rows), see _update_rows
         self._row_sets: dict[int, tuple[Any, tuple, _UpdateRows]] = {}
         self._copies: Any = None  # the side stream of staged_copy, made at its first use
@@ -472,9 +499,23 @@ class CupyBackend(Backend):
             raise ValueError(f"the GPU backend supports f up to {MAX_F} factors, got {f}")
         implicit, cg = (spec.implicit, spec.cg) if spec is not None else (False, False)
         small = f if f <= SMALL_F else 0
+        dual = self._dual(f, spec, element)
         return kernels(
-            padded_size(f), cp.cuda.Device().id, self.threads_per_sm, element, implicit, cg, small
+            padded_size(f), cp.cuda.Device().id, self.threads_per_sm, element, implicit, cg, small,
+            dual,
         )
+
+    def _dual(self, f: int, spec: UpdateSpec | None, element: str) -> tuple[int, ...]:
+        """The sizes of dual_update_kernel that an update of f factors uses: explicit
+        Cholesky updates of float32 factors on the tiled kernels, sizes below F whose G^T
+        fits the shared memory."""
+        if element != "float" or (spec is not None and (spec.implicit or spec.cg)):
+            return ()
+        if not SMALL_F < f <= MAX_FUSED_F:
+            return ()
+        fits = [dual_smem_bytes(size, f) <= STATIC_SMEM for size in self.dual_sizes]
+        return tuple(size for size, fit in zip(self.dual_sizes, fits, strict=True)
+                     if fit and size < padded_size(f))  # fmt: skip
 
     def _row_kernel(self, fixed: Any, spec: UpdateSpec | None) -> bool:
         """Whether the Gram of unsplit rows runs one thread per row (small f)."""
@@ -563,14 +604,21 @@ class CupyBackend(Backend):
         return _GramLaunches(row, zero, tiled)
 
     def _update_rows(
-        self, block: Block, indptr: Any, counts: Any, f: int, row_kernel: bool
+        self,
+        block: Block,
+        indptr: Any,
+        counts: Any,
+        f: int,
+        row_kernel: bool,
+        dual: tuple[int, ...] = (),
     ) -> _UpdateRows:
         """Which rows of `block` :meth:`update` solves how, found once per block (and
         `counts` object, f's path): finding them synchronizes with the GPU, and a resident
         block's update otherwise returns as soon as its kernels are queued, so the next
         tasks (a gather, the other half-step) are queued while they run. Forgotten with the
-        block (a staged copy's are its source's)."""
-        key = (f <= MAX_FUSED_F, row_kernel, self.long_row)
+        block (a staged copy's are its source's). `dual`: the sizes of dual_update_kernel
+        that take the fused rows with fewer ratings."""
+        key = (f <= MAX_FUSED_F, row_kernel, self.long_row, dual)
         block = block.source or block  # a staged copy: its rows are its source's
         found = self._row_sets.get(id(block))
         if found is not None and found[0] is counts and found[1] == key:
@@ -584,6 +632,7 @@ class CupyBackend(Backend):
             # rows have about as many ratings
             fused = short[cp.argsort(-degree[short])].astype(cp.int32)
             active &= degree > self.long_row
+        fused, shorter = self._dual_rows(fused, degree, dual)
         rest = cp.flatnonzero(active).astype(cp.int32)
         step = max(1, BATCH_BYTES // (f * f * 4))
         batches = []
@@ -591,11 +640,27 @@ class CupyBackend(Backend):
             rows = rest[lo : lo + step]
             local = cp.arange(rows.size, dtype=cp.int32)
             batches.append((rows, self._gram_launches(indptr, rows, local, row_kernel)))
-        plan = _UpdateRows(fused, batches)
+        plan = _UpdateRows(fused, shorter, batches)
         if found is None:
             weakref.finalize(block, self._row_sets.pop, id(block), None)
         self._row_sets[id(block)] = (counts, key, plan)
         return plan
+
+    @staticmethod
+    def _dual_rows(
+        fused: Any, degree: Any, sizes: tuple[int, ...]
+    ) -> tuple[Any, list[tuple[int, Any]]]:
+        """The fused rows (longest first) cut into those left to the fused kernel and, per
+        dual size (ascending), those with fewer ratings than it and no fewer than the size
+        before it."""
+        if not sizes or not fused.size:
+            return fused, []
+        fewer = -degree[fused]  # ascending
+        cuts = cp.searchsorted(fewer, cp.asarray([1 - size for size in sizes]), side="left")
+        cuts = [int(c) for c in cuts.tolist()]
+        shorter = [(size, fused[cuts[k] : cuts[k - 1] if k else fused.size])
+                   for k, size in enumerate(sizes)]  # fmt: skip
+        return fused[: cuts[len(sizes) - 1]], [(size, rows) for size, rows in shorter if rows.size]
 
     def _fused(
         self,
@@ -623,6 +688,16 @@ class CupyBackend(Backend):
         args = (*csr, scale, fixed, np.int32(f), vec, counts, lam, weighted, gram0, x0,
                 np.int32(spec.cg_steps), rows, X)  # fmt: skip
         found["update"]((rows.size,), (threads,), args)
+
+    def _short(
+        self, csr: tuple, fixed: Any, counts: Any, spec: UpdateSpec, size: int, rows: Any, X: Any
+    ) -> None:
+        """X[rows] of rows with fewer than `size` ratings by dual_update_kernel<size>."""
+        f = fixed.shape[1]
+        kernel = self._kernels(f, _ELEMENT[fixed.dtype], spec)[f"dual{size}"]
+        args = (*csr, fixed, np.int32(f), counts, np.float32(spec.lam), np.int32(spec.weighted),
+                rows, X)  # fmt: skip
+        kernel((rows.size,), (launch_shape(size)[0],), args, shared_mem=dual_smem_bytes(size, f))
 
     def _solve_all(
         self,
@@ -841,7 +916,8 @@ class CupyBackend(Backend):
         gram0: Any = None,
         x0: Any = None,
     ) -> Any:
-        """Fused hermitian + solve per row; long rows through split hermitian + solve."""
+        """Fused hermitian + solve per row; long rows through split hermitian + solve; short
+        rows (fewer ratings than f) as n x n systems (``dual_update_kernel``)."""
         spec = as_spec(lam)
         with out_of_memory_as(f"updating a block of {block.n_rows} rows", _SMALLER):
             if spec.implicit and gram0 is None:
@@ -852,10 +928,13 @@ class CupyBackend(Backend):
             f = fixed.shape[1]
             csr, scale = self._weighted(block, spec)
             X = cp.zeros((block.n_rows, f), cp.float32)
-            plan = self._update_rows(block, csr[0], counts, f, self._row_kernel(fixed, spec))
+            plan = self._update_rows(block, csr[0], counts, f, self._row_kernel(fixed, spec),
+                                     self._dual(f, spec, _ELEMENT[fixed.dtype]))  # fmt: skip
             counts = self._counts(counts)
             if plan.fused.size:
                 self._fused(csr, scale, fixed, vec, counts, spec, gram0, x0, plan.fused, X)
+            for size, rows in plan.dual:
+                self._short(csr, fixed, counts, spec, size, rows, X)
             for rows, launches in plan.batches:
                 A = cp.empty((rows.size, f, f), cp.float32)
                 B = cp.empty((rows.size, f), cp.float32)

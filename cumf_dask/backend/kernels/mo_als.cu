@@ -44,13 +44,17 @@
 // rows are in flight, then a Cholesky in registers. The size FE = f is a template argument,
 // so every index is a constant and nothing spills to local memory.
 //
+// Short rows (dual_update_kernel): a row with n < f ratings solves the n x n system of the
+// push-through identity, x = G^T (G G^T + reg I)^-1 r, on the same tiles and Cholesky.
+//
 // Kernels: hermitian_kernel (A, B of row segments, summed with atomics when a long row is
 // split; with sum_into, A's lower triangle packed by rows and added to what A, B hold: a
 // partial Hermitian summed in place, no f x f A), update_kernel (fused Gram -> Cholesky or
 // CG -> x_u per row, A stays on chip), row_update_kernel (the same, one thread per row,
-// small f), solve_kernel (the Cholesky from A in memory, several small systems per block),
-// cg_solve_kernel (CG from A in memory, one system per block). MINB, the minimum resident
-// blocks per SM given to __launch_bounds__, caps their registers.
+// small f), dual_update_kernel (short rows by the push-through identity), solve_kernel (the
+// Cholesky from A in memory, several small systems per block), cg_solve_kernel (CG from A in
+// memory, one system per block). MINB, the minimum resident blocks per SM given to
+// __launch_bounds__, caps their registers.
 
 #define TILE 8
 #define CHUNK 12  // floats per tile chunk in a bin row: 8 used, 4 against bank conflicts
@@ -297,6 +301,21 @@ struct Bins<F, NT, bf16, SCALED> {
     }
 };
 
+// acc += a b^T, a and b the 8 floats at sa and sb (16-byte aligned shared memory).
+__device__ __forceinline__ void add_outer(float (&acc)[TILE][TILE], const float* sa,
+                                          const float* sb) {
+    const float4 a0 = *reinterpret_cast<const float4*>(sa);
+    const float4 a1 = *reinterpret_cast<const float4*>(sa + 4);
+    const float4 b0 = *reinterpret_cast<const float4*>(sb);
+    const float4 b1 = *reinterpret_cast<const float4*>(sb + 4);
+    const float a[TILE] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    const float bb[TILE] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+    for (int r = 0; r < TILE; ++r)
+#pragma unroll
+        for (int c = 0; c < TILE; ++c) acc[r][c] = fmaf(a[r], bb[c], acc[r][c]);
+}
+
 // acc = this thread's tile (8 ib, 8 jb) of sum g_v g_v^T over ratings [lo, hi) of one row
 // (plus G0's tile when SCALED and gram0 is given).
 // `smem` holds Bins<F, NT, T, SCALED>::BYTES; SCALED: rows scaled by `scale` (implicit).
@@ -343,18 +362,7 @@ __device__ __forceinline__ void gram(float (&acc)[TILE][TILE], void* smem,
             const float* sa = bin + (i0 / TILE) * CHUNK;
             const float* sb = bin + (j0 / TILE) * CHUNK;
 #pragma unroll 2
-            for (int k = 0; k < nk; ++k) {
-                const float4 a0 = *reinterpret_cast<const float4*>(sa + k * ROW);
-                const float4 a1 = *reinterpret_cast<const float4*>(sa + k * ROW + 4);
-                const float4 b0 = *reinterpret_cast<const float4*>(sb + k * ROW);
-                const float4 b1 = *reinterpret_cast<const float4*>(sb + k * ROW + 4);
-                const float a[TILE] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-                const float bb[TILE] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#pragma unroll
-                for (int r = 0; r < TILE; ++r)
-#pragma unroll
-                    for (int c = 0; c < TILE; ++c) acc[r][c] = fmaf(a[r], bb[c], acc[r][c]);
-            }
+            for (int k = 0; k < nk; ++k) add_outer(acc, sa + k * ROW, sb + k * ROW);
         }
         if (Bin::END_BARRIER) __syncthreads();
     }
@@ -600,6 +608,87 @@ __global__ void __launch_bounds__(NT, MINB)
     }
     const float reg = solve ? (weighted ? lam * (float)counts[u] : lam) : 0.0f;
     chol_solve<F>(acc, ib, jb, solve, f, reg, sh[s < SYS ? s : 0], X + (solve ? u : 0) * f);
+}
+
+// ------------------------------------------------------- short rows: the push-through identity
+
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// Rows with n < FD ratings by the push-through identity: with G the n x f fixed rows of the
+// row's ratings and r its ratings, x = (G^T G + reg I)^-1 G^T r = G^T (G G^T + reg I)^-1 r,
+// an n x n system in place of f x f (the Cholesky is most of a short row's cost). Block b
+// solves row u = rows[b] (counts[u] > 0), reg = lam * counts[u] (weighted) or lam. G^T goes
+// to shared memory (f rows of S = FD + 4 floats: 16-byte rows; zero past n) by 4-byte
+// cp.async copies, all in flight at once (the rows' indices are read first, a few per
+// lane); the register tiles take the extended matrix of the Gram kernels,
+// [[G G^T, .], [r^T, .]] (FD = round_up(n + 1, 8) covers it), so chol_solve gives
+// y = (G G^T + reg I)^-1 r, and x = G^T y. float32 factors only. Dynamic shared memory: f * S floats, then CholSmem<FD>, then FD floats.
+template <int FD, int NT, int MINB>
+__global__ void __launch_bounds__(NT, MINB)
+    dual_update_kernel(const long long* __restrict__ indptr, const int* __restrict__ idx,
+                       const float* __restrict__ val, const float* __restrict__ fixed, int f,
+                       const long long* __restrict__ counts, float lam, int weighted,
+                       const int* __restrict__ rows, float* __restrict__ X) {
+    constexpr int S = FD + 4, PER = (FD + 31) / 32;
+    extern __shared__ __align__(16) unsigned char dual_smem[];
+    float* gt = reinterpret_cast<float*>(dual_smem);
+    CholSmem<FD>& sh = *reinterpret_cast<CholSmem<FD>*>(gt + f * S);
+    float* y = reinterpret_cast<float*>(&sh + 1);
+    const int u = rows[blockIdx.x];
+    const long long lo = indptr[u];
+    const int n = (int)(indptr[u + 1] - lo);
+    const int lane = threadIdx.x & 31;
+    int mine[PER];  // the fixed rows of ratings lane, lane + 32, ...
+#pragma unroll
+    for (int q = 0; q < PER; ++q) mine[q] = lane + 32 * q < n ? __ldg(idx + lo + lane + 32 * q) : 0;
+    const unsigned base = smem_u32(gt);
+    for (int i = threadIdx.x / 32; i < n; i += NT / 32) {  // a warp per rating, lanes over k
+        int v = 0;
+#pragma unroll
+        for (int q = 0; q < PER; ++q) {
+            const int w = __shfl_sync(0xFFFFFFFFu, mine[q], i & 31);
+            if (i / 32 == q) v = w;
+        }
+        const float* src = fixed + (long long)v * f;
+        for (int k = lane; k < f; k += 32) cp_async4(base + 4 * (k * S + i), src + k);
+    }
+    cp_async_commit();
+    for (int k = threadIdx.x; k < f; k += NT)
+        for (int i = n; i < FD; ++i) gt[k * S + i] = 0.0f;
+    cp_async_wait_all();
+    __syncthreads();
+    const bool active = threadIdx.x < Cfg<FD>::NTRI;
+    int ib = 0, jb = 0;
+    if (active) tile_of(threadIdx.x, Cfg<FD>::NTILE, ib, jb);
+    float acc[TILE][TILE];
+#pragma unroll
+    for (int r = 0; r < TILE; ++r)
+#pragma unroll
+        for (int c = 0; c < TILE; ++c) acc[r][c] = 0.0f;
+    if (active) {
+        const float* sa = gt + ib * TILE;
+        const float* sb = gt + jb * TILE;
+#pragma unroll 2
+        for (int k = 0; k < f; ++k) add_outer(acc, sa + k * S, sb + k * S);
+#pragma unroll
+        for (int r = 0; r < TILE; ++r)
+            if (ib * TILE + r == n) {
+#pragma unroll
+                for (int c = 0; c < TILE; ++c) {
+                    const int j = jb * TILE + c;
+                    acc[r][c] = j < n ? __ldg(val + lo + j) : 0.0f;
+                }
+            }
+    }
+    const float reg = weighted ? lam * (float)counts[u] : lam;
+    chol_solve<FD>(acc, ib, jb, active, n, reg, sh, y);  // ends with a barrier: y is whole
+    for (int k = threadIdx.x; k < f; k += NT) {
+        float s = 0.0f;
+        for (int i = 0; i < n; ++i) s = fmaf(gt[k * S + i], y[i], s);
+        X[(long long)u * f + k] = s;
+    }
 }
 
 // ------------------------------------------------------------------ small f, row per thread
