@@ -58,6 +58,7 @@ import numpy as np
 
 from ..blocks import Bands, Block, block_on_host
 from ..compat import import_cupy
+from ..data.sampling import bin_counts
 from ..errors import out_of_memory_as
 from .base import Backend, round_bfloat16
 from .objective import UpdateSpec, as_spec, batched_cg, gram_weights, regularization, symmetric
@@ -803,7 +804,7 @@ class CupyBackend(Backend):
                 order = cp.argsort(row.astype(key) * (c1 - c0) + col)
                 indices.append(col[order].astype(cp.int32))
                 values.append(val[order])
-                counts[a - r0 : z - r0] += cp.bincount(row, minlength=z - a)
+                counts[a - r0 : z - r0] += bin_counts(cp, row, z - a)  # rows checked above
             indptr = cp.zeros(r1 - r0 + 1, cp.int64)
             cp.cumsum(counts, out=indptr[1:])
             empty = [cp.zeros(0, cp.int32)], [cp.zeros(0, cp.float32)]
