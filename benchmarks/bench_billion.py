@@ -59,19 +59,22 @@ def generate_store(args: argparse.Namespace) -> tuple[RatingsStore, float]:
 
 
 def peaks(client) -> dict[str, float]:
-    """Peak resident host memory and GPU memory of the workers, GB (largest worker)."""
+    """Peak resident host memory of the workers, and the GPU memory they hold after the fit
+    (all of it, and CuPy's pool's share, which a memory budget bounds), GB (largest worker)."""
 
-    def measure() -> tuple[float, float]:
+    def measure() -> tuple[float, float, float]:
         import resource
 
         import cupy
 
         host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         free, total = cupy.cuda.runtime.memGetInfo()
-        return host / 1e9, (total - free) / 1e9
+        pool = cupy.get_default_memory_pool().total_bytes()
+        return host / 1e9, (total - free) / 1e9, pool / 1e9
 
     values = list(client.run(measure).values())
-    return {"host_gb": max(v[0] for v in values), "gpu_gb": max(v[1] for v in values)}
+    keys = ("host_gb", "gpu_gb", "pool_gb")
+    return {key: max(v[k] for v in values) for k, key in enumerate(keys)}
 
 
 def plan_config(text: str, blocks: str) -> PlanConfig:
@@ -208,7 +211,8 @@ def fit_once(store: RatingsStore, args: argparse.Namespace, config: PlanConfig) 
           f"{its[0]['seconds']:.1f} s (loading, compiling); steady {steady:.2f} s/iteration; "
           f"fit wall {fit_wall:.1f} s; transport {scheme}")  # fmt: skip
     print(f"test RMSE {its[-1].get('test_rmse')} (planted noise {args.noise}); peak per worker:"
-          f" host {memory['host_gb']:.1f} GB, GPU {memory['gpu_gb']:.1f} GB")  # fmt: skip
+          f" host {memory['host_gb']:.1f} GB, GPU {memory['gpu_gb']:.1f} GB (CuPy's pool"
+          f" {memory['pool_gb']:.1f} GB)")  # fmt: skip
     if stream is not None:
         print_task_seconds(stream.data)
         print_iteration_tasks(stream.data)

@@ -322,10 +322,12 @@ def test_blocks_built_on_the_gpu_equal_the_host_ones(gpu, tmp_path):
                 np.testing.assert_array_equal(got, getattr(host, name))
             shape = ("row0", "col0", "n_rows", "n_cols")
             assert [getattr(dev, a) for a in shape] == [getattr(host, a) for a in shape]
-    bands = read_bands(store, "row", (0, 130), (0, 70), "train", threads=2)
-    bands.slice(0).val[0] = np.nan
-    with pytest.raises(StoreError, match="damaged store"):
-        gpu.block_from_bands(bands)
+    damage = [("val", np.nan), ("val", -np.inf), ("major", 17), ("minor", 70), ("minor", -1)]
+    for field, value in damage:  # 17 rows a band, 70 columns: each out of range once
+        bands = read_bands(store, "row", (0, 130), (0, 70), "train", threads=2)
+        getattr(bands.slice(0), field)[-1] = value
+        with pytest.raises(StoreError, match="damaged store"):
+            gpu.block_from_bands(bands)
 
 
 def test_chunks_larger_than_the_staging_buffer_reach_the_gpu_whole(gpu, monkeypatch):
@@ -457,6 +459,10 @@ def test_finite_check_on_the_gpu(gpu):
         check_finite([0, 10, 16], "cupy", False, *(gpu.asarray(p) for p in pieces))
     assert (err.value.count, err.value.row) == (1, 13)
     assert gpu.finite([]).size == 0
+    big = rng.standard_normal(300_007)  # float64, more than one grid of the check
+    assert gpu.finite([gpu.asarray(big)]).tolist() == [True]
+    big[-1] = np.nan
+    assert gpu.finite([gpu.asarray(big), gpu.asarray(pieces[0])]).tolist() == [False, True]
 
 
 def test_pooled_host_memory_is_reused_by_exact_size_once_unused(gpu):
@@ -524,3 +530,22 @@ def test_solved_rows_for_host_memory_are_checked_on_the_gpu(gpu):
     assert (err.value.count, err.value.row) == (1, 104)
     joined = gpu.concatenate([kept[:5], kept[5:]])
     assert isinstance(joined, np.ndarray) and np.array_equal(joined, kept)
+
+
+@pytest.mark.parametrize(("f", "spec", "precision"), [
+    (100, None, "float32"),  # fused, the short-row sizes, split rows
+    (10, None, "float32"),  # one thread per row
+    (64, "implicit cg", "float32"),
+    (48, None, "bfloat16"),
+])  # fmt: skip
+def test_prepare_compiles_and_rehearses_every_path(f, spec, precision):
+    """prepare (run in the background by the engine, which ignores its failures) compiles
+    the kernels of an update path and rehearses it on its tiny block without error."""
+    from cumf_dask.backend.cupy_backend import CupyBackend
+    from cumf_dask.backend.objective import UpdateSpec
+
+    be = CupyBackend(precision=precision)
+    if spec:
+        spec = UpdateSpec(0.1, implicit=True, alpha=2.0, solver="cg")
+    be.prepare(f, spec)
+    assert be._kernels(f, "bf16" if precision == "bfloat16" else "float", spec)

@@ -1,8 +1,9 @@
 """CuPy backend: MO-ALS (cuMF section 3) as CUDA kernels on one GPU.
 
 The kernels live in ``kernels/mo_als.cu`` and are compiled lazily with ``cupy.RawModule``,
-one module per padded size ``F = round_up(f + 1, 8)``, device and element type of the fixed
-factor, cached for the process (and on disk by CuPy). Every rating extends its fixed-factor
+instantiated per padded size ``F = round_up(f + 1, 8)`` and element type of the fixed
+factor: one module per kernel, compiled in parallel threads, cached for the process (and on
+disk by CuPy). Every rating extends its fixed-factor
 row with the rating itself, so one register-tiled Gram build gives A (leading f x f block)
 and B (row f), and the Cholesky factor of that extended matrix carries the forward solve
 (see the .cu header).
@@ -49,6 +50,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -77,11 +79,14 @@ ROW_UNROLL = 4  # ratings row_update_kernel reads at a time (1, 2, 4: within 5% 
 DUAL_SIZES = (24, 40, 56, 72)  # dual_update_kernel's sizes: rows with fewer ratings than one,
 # by the push-through identity (an n x n system), where it is below F (benchmarks/gpu_notes.md)
 MAX_DUAL = 96  # the largest dual size (its tiles fill three warps)
+REHEARSAL_ROWS = (0, 5, 20, 36, 52, 68, 150)  # ratings per row of prepare's rehearsal block
 STATIC_SMEM = 48 * 1024  # shared memory a kernel may use without opting in
 STAGING_BYTES = 8 << 20  # page-locked buffer of a decoding thread (a 1M-entry int64 chunk)
 LOAD_AHEAD_BYTES = 1 << 29  # decoded band arrays on the GPU before the CSR build takes them
 _SOURCE = Path(__file__).parent / "kernels" / "mo_als.cu"
 _ERROR_SOURCE = Path(__file__).parent / "kernels" / "error.cu"
+_CHECKS_SOURCE = Path(__file__).parent / "kernels" / "checks.cu"
+CHECK_GRID = (1024, 256)  # blocks (at most) and threads of the one-pass checks
 _INCLUDE = '#include "cg.cuh"'  # spliced in (CuPy's cache key is the text it compiles)
 _SMALLER = "plan smaller batches (a larger plan.q) so that a block fits the GPU"
 _ELEMENT = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}  # kernels' T by dtype
@@ -135,27 +140,36 @@ def kernels(
     ``small_f``: f, to compile the one-thread-per-row kernels for it: ``row_hermitian``, and
     ``row_update`` instead of the tiled ``update`` (without ``cg``); 0: the tiled ones.
     ``dual``: the sizes of ``dual_update_kernel`` to compile (``dual24`` ...: short rows).
-    A thread that asks while another compiles the same kernels waits for it (the engine
-    compiles them in the background while the blocks load).
+    Each kernel is its own module (its own entry in CuPy's disk cache), and the missing ones
+    compile in parallel threads: NVRTC runs without the GIL, so a fresh machine waits for
+    the slowest kernel, not for their sum. A thread that asks while another compiles waits
+    for it (the engine compiles them in the background while the blocks load).
     """
+    names = kernel_names(padded, threads_per_sm, element, implicit, cg, small_f, dual)
     with _COMPILING:
-        return _compile(padded, device, threads_per_sm, element, implicit, cg, small_f, dual)
+        missing = [name for name in names.values() if (name, device) not in _FUNCTIONS]
+        if missing:
+            with ThreadPoolExecutor(len(missing)) as pool:
+                compiled = list(pool.map(lambda name: _compile(name, device), missing))
+            for name, function in zip(missing, compiled, strict=True):
+                _FUNCTIONS[name, device] = function
+        return {key: _FUNCTIONS[name, device] for key, name in names.items()}
 
 
 _COMPILING = threading.Lock()
+_FUNCTIONS: dict[tuple[str, int], Any] = {}  # (kernel's name expression, device) -> function
 
 
-@cache
-def _compile(
+def kernel_names(
     padded: int,
-    device: int,
     threads_per_sm: int,
     element: str,
     implicit: bool,
     cg: bool,
     small_f: int,
     dual: tuple[int, ...],
-) -> dict[str, Any]:
+) -> dict[str, str]:
+    """The kernels ``kernels`` compiles, by key: their template instances (name expressions)."""
     threads, _ = launch_shape(padded)
     min_blocks = max(1, threads_per_sm // threads)
     shape = f"{padded}, {threads}, {min_blocks}"
@@ -176,10 +190,16 @@ def _compile(
         names["solve"] = f"solve_kernel<{shape}>"
         if cg:
             names["cg_solve"] = f"cg_solve_kernel<{shape}>"
-    module = cp.RawModule(
-        code=kernel_source(), options=("-std=c++17",), name_expressions=list(names.values())
-    )
-    return {key: module.get_function(name) for key, name in names.items()}
+    return names
+
+
+def _compile(name: str, device: int) -> Any:
+    """One kernel of mo_als.cu, compiled (or loaded from CuPy's disk cache) on `device`."""
+    with cp.cuda.Device(device):
+        module = cp.RawModule(
+            code=kernel_source(), options=("-std=c++17",), name_expressions=[name]
+        )
+        return module.get_function(name)
 
 
 @cache
@@ -187,6 +207,26 @@ def _error_kernel(device: int) -> Any:
     """The squared-error kernel (kernels/error.cu), compiled once per device and process."""
     module = cp.RawModule(code=_ERROR_SOURCE.read_text(), options=("-std=c++17",))
     return module.get_function("squared_error_kernel")
+
+
+@cache
+def _check_kernels(device: int) -> dict[str, Any]:
+    """The one-pass checks (kernels/checks.cu) by key ("band int32", "finite float32" ...),
+    compiled once per device and process."""
+    names = {f"band {np.dtype(t)}": f"band_check_kernel<{c}>"
+             for t, c in ((np.int32, "int"), (np.int64, "long long"))}  # fmt: skip
+    names |= {f"finite {np.dtype(t)}": f"nonfinite_kernel<{c}>"
+              for t, c in ((np.float32, "float"), (np.float64, "double"))}  # fmt: skip
+    module = cp.RawModule(code=_CHECKS_SOURCE.read_text(), options=("-std=c++17",),
+                          name_expressions=list(names.values()))  # fmt: skip
+    return {key: module.get_function(name) for key, name in names.items()}
+
+
+def _check_launch(kernel_key: str, n: int, args: tuple) -> None:
+    """Launch a one-pass check over n entries (grid-stride: CHECK_GRID bounds the grid)."""
+    blocks, threads = CHECK_GRID
+    kernel = _check_kernels(cp.cuda.Device().id)[kernel_key]
+    kernel((max(1, min(blocks, -(-n // threads))),), (threads,), args)
 
 
 def kernel_source() -> str:
@@ -467,8 +507,23 @@ class CupyBackend(Backend):
         return int(limit) if limit else int(cp.cuda.Device().mem_info[1])
 
     def prepare(self, f: int, spec: UpdateSpec | None = None) -> None:
-        """Compile (or load from CuPy's disk cache) the kernels for f factors (and spec)."""
+        """Compile (or load from CuPy's disk cache) the kernels for f factors (and spec),
+        then rehearse an update and its squared error on a tiny block with rows of every
+        path (empty, short, fused, split): with an empty kernel cache, the CuPy kernels of
+        the update's bookkeeping then compile while the blocks load instead of after."""
         self._kernels(f, "bf16" if self.precision == "bfloat16" else "float", spec)
+        rng = np.random.default_rng(0)
+        degrees = np.array([*REHEARSAL_ROWS, self.long_row + 1])
+        nnz, n_cols = int(degrees.sum()), 2 * f
+        block = Block(
+            cp.asarray(np.concatenate([[0], np.cumsum(degrees)])),
+            cp.asarray(rng.integers(0, n_cols, nnz, dtype=np.int32)),
+            cp.asarray(rng.uniform(1, 5, nnz).astype(np.float32)),
+            0, 0, degrees.size, n_cols,
+        )  # fmt: skip
+        fixed = self.prepare_fixed(cp.asarray(rng.uniform(0, 1, (n_cols, f)), cp.float32))
+        X = self.update(block, fixed, cp.asarray(degrees), spec if spec is not None else 0.1)
+        self.block_squared_error(block, X, fixed)
 
     def finite(self, pieces: Sequence[Any]) -> np.ndarray:
         """Whether each array holds only finite values, read back without a blocking CUDA
@@ -478,15 +533,19 @@ class CupyBackend(Backend):
         update Theta's launches took as long as update X's kernels ran (Netflix, H100)."""
         if not pieces:
             return np.zeros(0, bool)
-        flags = cp.stack([cp.isfinite(p).all() for p in pieces])
-        host = np.frombuffer(cp.cuda.alloc_pinned_memory(flags.nbytes), bool, flags.size)
+        bad = cp.zeros(len(pieces), cp.int32)  # set by the checks (no CUB all() to compile)
+        for k, piece in enumerate(pieces):
+            if piece.dtype.kind == "f":
+                x = cp.ascontiguousarray(piece, dtype=np.result_type(piece.dtype, np.float32))
+                _check_launch(f"finite {x.dtype}", x.size, (x, np.int64(x.size), bad[k:]))
+        host = np.frombuffer(cp.cuda.alloc_pinned_memory(bad.nbytes), np.int32, bad.size)
         stream = cp.cuda.get_current_stream()
-        cp.cuda.runtime.memcpyAsync(host.ctypes.data, flags.data.ptr, flags.nbytes,
+        cp.cuda.runtime.memcpyAsync(host.ctypes.data, bad.data.ptr, bad.nbytes,
                                     cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)  # fmt: skip
         done = stream.record()
         while not done.done:
             time.sleep(2e-4)
-        return host.copy()
+        return host == 0
 
     def prepare_fixed(self, fixed: Any) -> Any:
         """float32: as given; bfloat16: stored as bfloat16 bits (``bfloat16_rows``)."""
@@ -789,15 +848,17 @@ class CupyBackend(Backend):
                 a, z = bands.rows_of(s)
                 major, minor, val = cp.asarray(s.major), cp.asarray(s.minor), cp.asarray(s.val)
                 rows_here = min(bands.band_rows, bands.n_major - s.first)
-                bad = (
-                    (major.min() < 0) | (major.max() >= rows_here) | (minor.min() < 0)
-                    | (minor.max() >= bands.n_minor) | ~cp.isfinite(val).all()
-                )  # fmt: skip
-                if bool(bad):
+                flags = cp.zeros(2, cp.int32)
+                _check_launch(f"band {minor.dtype}", val.size, (
+                    major, minor, val, np.int64(val.size), np.int32(rows_here),
+                    np.int64(bands.n_minor), np.int32(a - s.first), np.int32(z - s.first),
+                    np.int64(c0), np.int64(c1), flags))  # fmt: skip
+                damaged, outside = flags.get()
+                if damaged:
                     raise bands.damaged(s)
                 row = major.astype(cp.int64) - (a - s.first)  # rows of the band within [a, z)
-                keep = (row >= 0) & (row < z - a) & (minor >= c0) & (minor < c1)
-                if not bool(keep.all()):
+                if outside:
+                    keep = (row >= 0) & (row < z - a) & (minor >= c0) & (minor < c1)
                     row, minor, val = row[keep], minor[keep], val[keep]
                 key = cp.int32 if (z - a) * (c1 - c0) < 2**31 else cp.int64
                 col = minor.astype(key) - c0

@@ -2,8 +2,7 @@
 what the planner needs to know of its workers.
 
 Per-worker setup lives in a WorkerPlugin, not in tasks: BLAS pinned to one thread (Dask
-already gives the parallelism; threaded BLAS is much slower on many small products), and
-on GPU workers a node-local CuPy kernel cache so processes do not race on one directory.
+already gives the parallelism; threaded BLAS is much slower on many small products).
 """
 
 from __future__ import annotations
@@ -50,11 +49,11 @@ def has_compute_slots(client: Client) -> bool:
 
 
 class CumfWorkerSetup(WorkerPlugin):
-    """Pin BLAS threads and give each worker its own CuPy kernel cache directory.
+    """Pin BLAS threads.
 
-    The cache directory is keyed by the worker's name (a dask-cuda worker is named after its
-    GPU), so workers never write one directory at once, and compiled kernels are reused by
-    the next run instead of compiled again.
+    GPU workers share CuPy's kernel cache (``CUPY_CACHE_DIR``, else ``~/.cupy/kernel_cache``):
+    CuPy writes its entries atomically, and reads the directory's name once, when it is
+    imported, so a directory per worker set here would not take effect anyway.
     """
 
     name = "cumf-dask-setup"
@@ -66,11 +65,6 @@ class CumfWorkerSetup(WorkerPlugin):
         from threadpoolctl import threadpool_limits
 
         self._limits = threadpool_limits(self.blas_threads)
-        default = os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
-        root = os.environ.setdefault(
-            "CUMF_CUPY_CACHE_ROOT", os.environ.get("CUPY_CACHE_DIR") or default
-        )
-        os.environ["CUPY_CACHE_DIR"] = os.path.join(root, f"cumf-worker-{worker.name}")
 
 
 # cluster.processes "auto": a local CPU cluster of at most this many ratings runs its workers

@@ -172,7 +172,7 @@ def fit(
     if resume and checkpointer is None:
         raise ConfigError("fit(resume=True) needs checkpoint_dir (output.checkpoint)")
     with checkpointer.locked() if checkpointer is not None else nullcontext():
-        client.register_plugin(CumfWorkerSetup())  # BLAS threads, kernel cache
+        client.register_plugin(CumfWorkerSetup())  # BLAS threads
         workers = worker_addresses(client)
         baseline = process_memory(client)
         memory = worker_memory(client, backend)
@@ -187,8 +187,8 @@ def fit(
             client, store, plan, params.spec(), backend_spec(backend, params.precision),
             workers, has_compute_slots(client), read_threads(client, workers),
         )  # fmt: skip
-        engine.preload(held_out=evaluate and store.has_test)
         engine.prepare(params.factors)  # kernels compile while the blocks load
+        engine.preload(held_out=evaluate and store.has_test)
         run = _Run(engine, store, params, checkpointer, evaluate, callbacks, progress)
         try:
             return run.until_done(resume)

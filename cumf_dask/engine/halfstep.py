@@ -46,6 +46,7 @@ from ..backend.objective import UpdateSpec, as_spec
 from ..callbacks import Progress
 from ..data.store import RatingsStore
 from . import tasks
+from .cluster import workers_info
 from .placement import Factor, Piece, Pinned, Placement
 from .plan import HalfStepPlan, Plan, balanced_bounds
 from .reduce import final_inputs, slice_bounds
@@ -254,8 +255,9 @@ class SUALSEngine:
                         self.block(h, i, j, 0, split)
 
     def prepare(self, f: int) -> None:
-        """Compile each worker's kernels in the background (not a compute task: loads and
-        computations that need the kernels wait for the compile lock, not for this task)."""
+        """Compile each worker's kernels in the background (a task that starts a thread of
+        the worker's own, so call this before the loads are queued: the task is then the
+        first to run; computations that need the kernels wait for the compile lock)."""
         for k, worker in enumerate(self.place.workers):
             self.submit(tasks.prepare, f, self.backend, self.spec, key=f"prepare-{k}",
                         worker=worker, compute=False)  # fmt: skip
@@ -585,4 +587,7 @@ class SUALSEngine:
         self._resident.clear()
         self._ahead = self._read_ahead("update")
         if self.plan.host_factor is not None or self.plan.blocks == "host":
-            self.client.run(tasks.release_host_memory, self.backend, workers=self.place.workers)
+            present = workers_info(self.client)  # a lost worker's address would hold
+            live = [w for w in self.place.workers if w in present]  # client.run 30 s
+            if live:
+                self.client.run(tasks.release_host_memory, self.backend, workers=live)

@@ -6,8 +6,10 @@ looked up on the worker), so tasks are small to ship and read well in the dashbo
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import Any
 
 import numpy as np
@@ -57,8 +59,17 @@ def staged_copy(block: Block, backend: str, after: Any = None) -> Block:
 
 
 def prepare(f: int, backend: str, spec: UpdateSpec | None = None) -> None:
-    """Compile the backend's kernels for f factors (runs while the blocks load)."""
-    get_backend(backend).prepare(f, spec)
+    """Compile the backend's kernels for f factors in a thread of the worker's own, while
+    the blocks load; no worker thread waits for it (tasks that use the kernels wait for
+    the compile lock). A failure here is ignored: the task that uses the kernels then
+    compiles them itself and reports it."""
+    be = get_backend(backend)
+
+    def compile_quietly() -> None:
+        with suppress(Exception):
+            be.prepare(f, spec)
+
+    threading.Thread(target=compile_quietly, name="cumf-prepare", daemon=True).start()
 
 
 def load_counts(store: RatingsStore, orient: str, rows: tuple, backend: str) -> Any:
