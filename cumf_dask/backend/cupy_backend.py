@@ -3,10 +3,10 @@
 The kernels live in ``kernels/mo_als.cu`` and are compiled lazily with ``cupy.RawModule``,
 instantiated per padded size ``F = round_up(f + 1, 8)`` and element type of the fixed
 factor: one module per kernel, compiled in parallel threads, cached for the process (and on
-disk by CuPy). Every rating extends its fixed-factor
-row with the rating itself, so one register-tiled Gram build gives A (leading f x f block)
-and B (row f), and the Cholesky factor of that extended matrix carries the forward solve
-(see the .cu header).
+disk by CuPy). Every rating extends its fixed-factor row with the rating itself, so one
+register-tiled Gram build gives A (leading f x f block) and B (row f), and the Cholesky
+factor of that extended matrix carries the forward solve (see the .cu header). The checks
+of loaded bands and solved factors are one-pass kernels of their own (``kernels/checks.cu``).
 
 * ``hermitian``: one thread block per row segment; each thread owns one 8 x 8 tile of
   the lower triangle in registers; fixed-factor rows staged through shared memory in
