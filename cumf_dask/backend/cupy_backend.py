@@ -202,30 +202,33 @@ def _compile(name: str, device: int) -> Any:
         return module.get_function(name)
 
 
+_CHECKS = {  # the one-pass checks of kernels/checks.cu by key: their template instances
+    **{f"band {np.dtype(t)}": f"band_check_kernel<{c}>"
+       for t, c in ((np.int32, "int"), (np.int64, "long long"))},
+    **{f"finite {np.dtype(t)}": f"nonfinite_kernel<{c}>"
+       for t, c in ((np.float32, "float"), (np.float64, "double"))},
+}  # fmt: skip
+
+
 @cache
+def _small_module(source: Path, names: tuple[str, ...], device: int) -> dict[str, Any]:
+    """Kernels `names` of a small .cu file (one module), compiled once per device and
+    process."""
+    module = cp.RawModule(code=source.read_text(), options=("-std=c++17",),
+                          name_expressions=list(names))  # fmt: skip
+    return {name: module.get_function(name) for name in names}
+
+
 def _error_kernel(device: int) -> Any:
-    """The squared-error kernel (kernels/error.cu), compiled once per device and process."""
-    module = cp.RawModule(code=_ERROR_SOURCE.read_text(), options=("-std=c++17",))
-    return module.get_function("squared_error_kernel")
-
-
-@cache
-def _check_kernels(device: int) -> dict[str, Any]:
-    """The one-pass checks (kernels/checks.cu) by key ("band int32", "finite float32" ...),
-    compiled once per device and process."""
-    names = {f"band {np.dtype(t)}": f"band_check_kernel<{c}>"
-             for t, c in ((np.int32, "int"), (np.int64, "long long"))}  # fmt: skip
-    names |= {f"finite {np.dtype(t)}": f"nonfinite_kernel<{c}>"
-              for t, c in ((np.float32, "float"), (np.float64, "double"))}  # fmt: skip
-    module = cp.RawModule(code=_CHECKS_SOURCE.read_text(), options=("-std=c++17",),
-                          name_expressions=list(names.values()))  # fmt: skip
-    return {key: module.get_function(name) for key, name in names.items()}
+    """The squared-error kernel (kernels/error.cu)."""
+    return _small_module(_ERROR_SOURCE, ("squared_error_kernel",), device)["squared_error_kernel"]
 
 
 def _check_launch(kernel_key: str, n: int, args: tuple) -> None:
     """Launch a one-pass check over n entries (grid-stride: CHECK_GRID bounds the grid)."""
     blocks, threads = CHECK_GRID
-    kernel = _check_kernels(cp.cuda.Device().id)[kernel_key]
+    name = _CHECKS[kernel_key]
+    kernel = _small_module(_CHECKS_SOURCE, tuple(_CHECKS.values()), cp.cuda.Device().id)[name]
     kernel((max(1, min(blocks, -(-n // threads))),), (threads,), args)
 
 
