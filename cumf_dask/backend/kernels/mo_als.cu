@@ -150,15 +150,20 @@ struct Bins;
 
 // float32 rows: three float bins filled directly by cp.async: bin b + 1 is staged into the
 // buffer read for bin b - 2, which every thread finished before the barrier of bin b - 1, so
-// one barrier per bin suffices. With vec,
-// thread t copies the 16-byte pieces c = t, t + NT, ... of the bin (row c / QUADS): a
-// fixed, unrolled pattern whose column indices are all loaded before the first copy is
-// issued. The padding after the rating column is zeroed once (init) and never copied into.
+// one barrier per bin suffices. With vec, warp w copies the bin rows k = w, w + W, ... (W
+// warps), one row per pass, lane l the 16-byte pieces l, l + 32, ... of the factor row. The
+// warp reads its rows' indices once per bin (lane i the index of pass i) and passes them by
+// shuffles, so a pass is a shuffle, an address and a copy: no division, no index load per
+// piece (benchmarks/gpu_notes.md v11). The padding after the rating column is zeroed once
+// (init) and never copied into.
 template <int F, int NT, bool SCALED>
 struct Bins<F, NT, float, SCALED> {
     static constexpr int BIN = Cfg<F>::BIN3, ROW = Cfg<F>::ROW, QUADS = Cfg<F>::QUADS;
     static constexpr int NBUF = 3;
     static constexpr bool END_BARRIER = false;
+    static constexpr int W = NT / 32;                      // warps
+    static constexpr int PASSES = (BIN + W - 1) / W;       // bin rows per warp (vec)
+    static constexpr int SWEEPS = (QUADS + 31) / 32;       // 32-piece sweeps of a row (vec)
     static constexpr int BYTES = NBUF * BIN * ROW * 4;
     float* bins;
     const int* __restrict__ idx;
@@ -178,15 +183,23 @@ struct Bins<F, NT, float, SCALED> {
         constexpr int ROWB = ROW * 4;
         const unsigned dst = smem_u32(bins) + buf * BIN * ROWB;
         if (vec) {
-            constexpr int ITERS = (BIN * QUADS + NT - 1) / NT;
-            int v[ITERS];
-            load_indices<ITERS, NT, QUADS>(v, idx, e0, nk);
+            const int w = threadIdx.x / 32, lane = threadIdx.x % 32, pieces = f / 4;
+            int mine = 0;  // the index of pass (it / 32) * 32 + lane
 #pragma unroll
-            for (int it = 0; it < ITERS; ++it) {
-                const int c = threadIdx.x + it * NT;
-                const int k = c / QUADS, col = 4 * (c - k * QUADS);
-                if (k < nk && col < f)
-                    cp_async16(dst + k * ROWB + 4 * bin_col(col), fixed + (long long)v[it] * f + col);
+            for (int it = 0; it < PASSES; ++it) {
+                if (it % 32 == 0) {
+                    const int k = w + W * (it + lane);
+                    mine = it + lane < PASSES && k < nk ? __ldg(idx + e0 + k) : 0;
+                }
+                const int k = w + W * it;
+                const int v = __shfl_sync(0xFFFFFFFFu, mine, it % 32);
+                if (k >= nk) continue;  // the same for the whole warp
+#pragma unroll
+                for (int s = 0; s < SWEEPS; ++s) {
+                    const int p = lane + 32 * s;
+                    if (p < pieces)
+                        cp_async16(dst + k * ROWB + 4 * bin_col(4 * p), fixed + (long long)v * f + 4 * p);
+                }
             }
         } else {
             for (int c = threadIdx.x; c < nk * F; c += NT) {
@@ -196,7 +209,11 @@ struct Bins<F, NT, float, SCALED> {
                               fixed + (long long)__ldg(idx + e0 + k) * f + col);
             }
         }
-        for (int k = threadIdx.x; k < nk; k += NT) cp_async4(dst + k * ROWB + 4 * bin_col(f), val + e0 + k);
+#pragma unroll
+        for (int it = 0; it < (BIN + NT - 1) / NT; ++it) {  // the ratings
+            const int k = threadIdx.x + it * NT;
+            if (k < nk) cp_async4(dst + k * ROWB + 4 * bin_col(f), val + e0 + k);
+        }
     }
 
     // After this thread's copies of buf landed: scale the pieces it copied (the same
@@ -205,14 +222,17 @@ struct Bins<F, NT, float, SCALED> {
         float* bin = bins + buf * BIN * ROW;
         if constexpr (SCALED) {
             if (vec) {
-                constexpr int ITERS = (BIN * QUADS + NT - 1) / NT;
+                const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-                for (int it = 0; it < ITERS; ++it) {
-                    const int c = threadIdx.x + it * NT;
-                    const int k = c / QUADS, col = 4 * (c - k * QUADS);
-                    if (k < nk && col < f) {
-                        const float sv = __ldg(scale + e0 + k);
-                        float4* q = reinterpret_cast<float4*>(bin + k * ROW + bin_col(col));
+                for (int it = 0; it < PASSES; ++it) {
+                    const int k = w + W * it;
+                    if (k >= nk) break;
+                    const float sv = __ldg(scale + e0 + k);
+#pragma unroll
+                    for (int s = 0; s < SWEEPS; ++s) {
+                        const int p = lane + 32 * s;
+                        if (4 * p >= f) break;
+                        float4* q = reinterpret_cast<float4*>(bin + k * ROW + bin_col(4 * p));
                         float4 v = *q;
                         v.x *= sv;
                         v.y *= sv;
@@ -316,12 +336,19 @@ __device__ __forceinline__ void add_outer(float (&acc)[TILE][TILE], const float*
         for (int c = 0; c < TILE; ++c) acc[r][c] = fmaf(a[r], bb[c], acc[r][c]);
 }
 
+// hermitian_kernel's ratings loop: unrolled 4 times for float32 rows from F = 72 (about 1.5%
+// faster on long rows, benchmarks/gpu_notes.md v11, in registers it has to spare), else 2
+// (smaller F and bfloat16 rows would spill).
+template <int F, typename T>
+constexpr int HERMITIAN_UNROLL = sizeof(T) == 4 && F >= 72 ? 4 : 2;
+
 // acc = this thread's tile (8 ib, 8 jb) of sum g_v g_v^T over ratings [lo, hi) of one row
 // (plus G0's tile when SCALED and gram0 is given).
 // `smem` holds Bins<F, NT, T, SCALED>::BYTES; SCALED: rows scaled by `scale` (implicit).
 // Ends with a barrier, so the caller may reuse it at once.
-// The copies of bin b + 1 are in flight while bin b is computed.
-template <int F, int NT, typename T, bool SCALED>
+// The copies of bin b + 1 are in flight while bin b is computed. UNROLL: of the ratings loop
+// (HERMITIAN_UNROLL for hermitian_kernel, 2 for the update, whose Cholesky needs the registers).
+template <int F, int NT, typename T, bool SCALED, int UNROLL = 2>
 __device__ __forceinline__ void gram(float (&acc)[TILE][TILE], void* smem,
                                      const int* __restrict__ idx, const float* __restrict__ val,
                                      const float* __restrict__ scale,
@@ -361,7 +388,7 @@ __device__ __forceinline__ void gram(float (&acc)[TILE][TILE], void* smem,
         if (active) {
             const float* sa = bin + (i0 / TILE) * CHUNK;
             const float* sb = bin + (j0 / TILE) * CHUNK;
-#pragma unroll 2
+#pragma unroll UNROLL
             for (int k = 0; k < nk; ++k) add_outer(acc, sa + k * ROW, sb + k * ROW);
         }
         if (Bin::END_BARRIER) __syncthreads();
@@ -503,8 +530,9 @@ __global__ void __launch_bounds__(NT, MINB)
     int ib = 0, jb = 0;
     if (active) tile_of(t, Cfg<F>::NTILE, ib, jb);
     float acc[TILE][TILE];
-    gram<F, NT, T, SCALED>(acc, bins, idx, val, scale, fixed, f, vec != 0, seg_lo[s], seg_hi[s],
-                   ib * TILE, jb * TILE, active);
+    gram<F, NT, T, SCALED, HERMITIAN_UNROLL<F, T>>(acc, bins, idx, val, scale, fixed, f, vec != 0,
+                                                   seg_lo[s], seg_hi[s], ib * TILE, jb * TILE,
+                                                   active);
     if (!active) return;
     const long long u = seg_out[s];
     float* Au = A + u * (sum_into ? f * (f + 1) / 2 : f * f);
