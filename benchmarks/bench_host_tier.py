@@ -97,10 +97,15 @@ def bus_rate() -> float:
     return src.nbytes / wall(lambda: dst.set(src), 5)
 
 
+def whole(fixed: cp.ndarray) -> tuple[int, int, list]:
+    """All rows of a fixed factor as the tasks take them (``tasks.rows_from``)."""
+    return 0, len(fixed), [(0, len(fixed), fixed)]
+
+
 def bench_theta(be: CupyBackend, block: Block, f: int, repeats: int) -> dict[str, float]:
     fixed = cp.random.random((block.n_cols, f), dtype=cp.float32)
     on_device = be.block_to_device(block)
-    sums = tasks.hermitian_sums(on_device, fixed, "cupy")
+    sums = tasks.hermitian_sums(on_device, whole(fixed), "cupy")
 
     A, B = be.hermitian(on_device, fixed)
     P = be.pack(A)
@@ -115,7 +120,7 @@ def bench_theta(be: CupyBackend, block: Block, f: int, repeats: int) -> dict[str
         sums[1][...] += B
 
     return {
-        "task": wall(lambda: tasks.hermitian_sums(block, fixed, "cupy", into=sums), repeats),
+        "task": wall(lambda: tasks.hermitian_sums(block, whole(fixed), "cupy", into=sums), repeats),
         "copy": wall(lambda: be.block_to_device(block), repeats),
         "packed sums": wall(lambda: be.packed_hermitian(on_device, fixed, into=sums), repeats),
         "(hermitian + pack + sum)": wall(unpacked, repeats),
@@ -128,8 +133,9 @@ def bench_x(be: CupyBackend, block: Block, f: int, repeats: int) -> dict[str, fl
     counts = cp.diff(cp.asarray(block.indptr))
     on_device = be.block_to_device(block)
     X = be.update(on_device, fixed, counts, spec)
+    rows = whole(fixed)
     return {
-        "task": wall(lambda: tasks.update(block, fixed, counts, spec, "cupy", host=True), repeats),
+        "task": wall(lambda: tasks.update(block, rows, counts, spec, "cupy", host=True), repeats),
         "copy": wall(lambda: be.block_to_device(block), repeats),
         "update": wall(lambda: be.update(on_device, fixed, counts, spec), repeats),
         "check + copy out": wall(lambda: tasks._kept(be, X, True, 0), repeats),

@@ -155,7 +155,7 @@ class ClusterConfig:
     processes: bool | Literal["auto"] = "auto"
     memory_limit: str | None = None  # host memory per local worker (CPU or GPU), e.g. "4GB"
     devices: list[int] | None = None  # GPUs to use (CUDA_VISIBLE_DEVICES), None: all
-    rmm_pool_size: str | None = None  # e.g. "20GB": RMM pool per GPU worker (needs rmm)
+    rmm_pool_size: str | None = None  # e.g. "20GB": RMM pool per GPU worker; None: 4GB over UCX
     protocol: Protocol = "auto"  # transport between local GPU workers; auto: UCX if it can
     dashboard_address: str | None = ":0"  # None: no dashboard
 

@@ -8,12 +8,15 @@ from conftest import random_ratings
 
 from cumf_dask.config import ClusterConfig, load_config
 from cumf_dask.data.spill import build_store
+from cumf_dask.engine import cluster
 from cumf_dask.engine.cluster import (
     IN_PROCESS_MAX_NNZ,
+    NVLINK_RMM_POOL,
     client_resources,
     cluster_client,
     in_process,
     local_resources,
+    rmm_pool,
 )
 from cumf_dask.errors import ConfigError
 from cumf_dask.pipeline import job_plan
@@ -27,6 +30,16 @@ def test_processes_auto_uses_threads_for_small_cpu_problems():
     assert in_process(ClusterConfig(processes=False), 10**12)
     assert not in_process(ClusterConfig(processes=True), 10)
     assert local_resources(ClusterConfig(backend="numpy", processes=True)).transport == "tcp"
+
+
+def test_gpu_workers_over_ucx_start_with_an_rmm_pool(monkeypatch):
+    """dask-cuda recommends an RMM pool with NVLink: one unless the config names its own."""
+    monkeypatch.setattr(cluster, "has_module", lambda name: True)
+    assert rmm_pool(ClusterConfig(), ucx=True) == NVLINK_RMM_POOL
+    assert rmm_pool(ClusterConfig(), ucx=False) is None
+    assert rmm_pool(ClusterConfig(rmm_pool_size="20GB"), ucx=False) == "20GB"
+    monkeypatch.setattr(cluster, "has_module", lambda name: False)  # rmm not installed
+    assert rmm_pool(ClusterConfig(), ucx=True) is None
 
 
 @pytest.mark.parametrize("memory_limit", [None, "1GB"])

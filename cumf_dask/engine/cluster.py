@@ -67,6 +67,13 @@ class CumfWorkerSetup(WorkerPlugin):
         self._limits = threadpool_limits(self.blas_threads)
 
 
+# The RMM pool a local GPU cluster over UCX/NVLink starts with when cluster.rmm_pool_size is
+# not set (it grows on demand). dask-cuda recommends a pool with NVLink (and warns without
+# one); on two H200s it took a Netflix iteration from 0.0566 to 0.0536 s (benchmarks/RESULTS.md,
+# session 29; the likely reason, not measured apart: without a pool each piece received is
+# a fresh cudaMalloc, and freeing it waits for the whole device).
+NVLINK_RMM_POOL = "4GB"
+
 # cluster.processes "auto": a local CPU cluster of at most this many ratings runs its workers
 # as threads of this process (measured faster at 0.8M and 5.6M ratings on 2 cores: README
 # "Set up and run"); above it, processes, whose nannies restart a worker out of memory
@@ -174,13 +181,24 @@ def _cuda_cluster(config: ClusterConfig) -> Any:
         kwargs["n_workers"] = config.n_workers
     if config.memory_limit:
         kwargs["memory_limit"] = parse_size(config.memory_limit)
-    if config.rmm_pool_size:
-        kwargs["rmm_pool_size"] = config.rmm_pool_size
+    ucx = cuda_protocol(config.protocol, len(gpu_ids(config))) == "ucx"
+    pool = rmm_pool(config, ucx)
+    if pool:  # CuPy allocates from it too: one pool for the kernels and the transfers
+        kwargs["rmm_pool_size"] = pool
         kwargs["rmm_allocator_external_lib_list"] = ["cupy"]
-    if cuda_protocol(config.protocol, len(gpu_ids(config))) == "ucx":
+    if ucx:
         kwargs.update(protocol="ucx", enable_nvlink=True, enable_tcp_over_ucx=True)
+        _log.info("GPU workers talk over UCX (NVLink), RMM pool of %s each", pool or "none")
     kwargs["dashboard_address"] = _dashboard(config)
     return LocalCUDACluster(**kwargs)
+
+
+def rmm_pool(config: ClusterConfig, ucx: bool) -> str | None:
+    """The RMM pool each worker of a local GPU cluster starts with: cluster.rmm_pool_size,
+    else NVLINK_RMM_POOL when the workers talk over UCX and rmm is installed, else none."""
+    if config.rmm_pool_size:
+        return config.rmm_pool_size
+    return NVLINK_RMM_POOL if ucx and has_module("rmm") else None
 
 
 def gpu_ids(config: ClusterConfig) -> list[int]:

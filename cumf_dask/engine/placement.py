@@ -23,6 +23,8 @@ from distributed import Client, Future
 from .plan import HalfStepPlan
 
 Piece = tuple[int, int, Future]  # rows [start, stop) of a factor, as a future on a worker
+# rows [lo, hi) of a factor as the pieces that hold them, assembled by the task that uses them
+Rows = tuple[int, int, list[Piece]]
 COMPUTE = "cumf-compute"  # the worker resource that compute tasks take one unit of
 
 

@@ -118,6 +118,13 @@ def assemble(
     return be.concatenate(parts)
 
 
+def rows_from(rows: tuple[int, int, list[tuple[int, int, Any]]], backend: str) -> Any:
+    """Rows (lo, hi, pieces) of a factor, assembled inside the task that uses them (see
+    :meth:`~.halfstep.SUALSEngine.fixed_on`); a view when one piece holds them all."""
+    lo, hi, pieces = rows
+    return assemble(lo, hi, backend, pieces)
+
+
 class NonFiniteFactor(ArithmeticError):
     """Raised on a worker when a solved factor piece holds NaN or inf: `count` values, the
     first in global row `row` (the fit says which iteration and factor)."""
@@ -163,7 +170,7 @@ def _kept(be: Any, X: Any, host: bool, row0: int) -> Any:
 
 def update(
     block: Block,
-    fixed: Any,
+    fixed: tuple[int, int, list],
     counts: Any,
     spec: UpdateSpec,
     backend: str,
@@ -172,7 +179,8 @@ def update(
     host: bool = False,
     row0: int = 0,
 ) -> Any:
-    """p == 1: hermitian and solve of one batch, on the worker holding the whole fixed factor.
+    """p == 1: hermitian and solve of one batch against the whole fixed factor (its rows as
+    :func:`rows_from` takes them).
 
     gram0: the fixed factor's Gram (implicit); x0: the batch's previous rows (CG); host,
     row0: the solved rows (from row `row0` of the factor) go to host memory (:func:`_kept`).
@@ -180,7 +188,8 @@ def update(
     be = get_backend(backend)
     try:
         with out_of_memory_as(_on(block), _SMALLER):
-            X = be.update(block, be.prepare_fixed(fixed), counts, spec, gram0=gram0, x0=x0)
+            fixed = be.prepare_fixed(rows_from(fixed, backend))
+            X = be.update(block, fixed, counts, spec, gram0=gram0, x0=x0)
     finally:
         be.retire(block)  # also after a failure: kernels may be queued on it
     return _kept(be, X, host, row0)
@@ -188,19 +197,21 @@ def update(
 
 def hermitian_sums(
     block: Block,
-    fixed: Any,
+    fixed: tuple[int, int, list],
     backend: str,
     spec: UpdateSpec | None = None,
     into: tuple[Any, Any] | None = None,
 ) -> tuple[Any, Any]:
-    """p > 1: the partial (packed A, B) of one block (without G0 or the regularization:
-    both are added once, in the solve). `into`: what this task returned for the worker's
+    """p > 1: the partial (packed A, B) of one block against its part of the fixed factor
+    (rows as :func:`rows_from` takes them), without G0 or the regularization (both are
+    added once, in the solve). `into`: what this task returned for the worker's
     previous part of the same rows; this block's partial is added to it in place (each
     worker sends one sum of its parts to the reduction), and it is returned."""
     be = get_backend(backend)
     try:
         with out_of_memory_as(_on(block), _SMALLER):
-            return be.packed_hermitian(block, be.prepare_fixed(fixed), spec, into)
+            fixed = be.prepare_fixed(rows_from(fixed, backend))
+            return be.packed_hermitian(block, fixed, spec, into)
     finally:
         be.retire(block)  # also after a failure: kernels may be queued on it
 
@@ -257,22 +268,27 @@ def reduce_solve(
     return _kept(be, X, host, row0)
 
 
-def block_squared_error(block: Block, x_rows: Any, fixed: Any, backend: str) -> tuple[float, int]:
-    """Sum of squared residuals over a block's ratings, and their count."""
+def block_squared_error(
+    block: Block, x_rows: Any, fixed: tuple[int, int, list], backend: str
+) -> tuple[float, int]:
+    """Sum of squared residuals over a block's ratings, and their count (`fixed`: the rows of
+    the other factor, as :func:`rows_from` takes them)."""
+    fixed = rows_from(fixed, backend)
     return get_backend(backend).block_squared_error(block, x_rows, fixed), block.nnz
 
 
 def block_implicit_loss(
-    block: Block, x_rows: Any, fixed: Any, spec: UpdateSpec, backend: str
+    block: Block, x_rows: Any, fixed: tuple[int, int, list], spec: UpdateSpec, backend: str
 ) -> tuple[float, float]:
     """The stored entries' part of the implicit objective over a block, and their total
-    confidence: (sum c (p - s)^2 - s^2, sum c), s = x_u . y_v (see ``Backend.implicit_terms``)."""
+    confidence: (sum c (p - s)^2 - s^2, sum c), s = x_u . y_v (see ``Backend.implicit_terms``);
+    `fixed` as for :func:`block_squared_error`."""
     be = get_backend(backend)
     if block.nnz == 0:
         return 0.0, 0.0
     block = be.block_to_device(block)  # a host-tier block (or factor) comes as host arrays
     rows = be.row_of(block)
-    x_rows, fixed = be.asarray(x_rows), be.asarray(fixed)
+    x_rows, fixed = be.asarray(x_rows), be.asarray(rows_from(fixed, backend))
     return be.implicit_terms(x_rows, fixed, rows, block.indices, block.values, spec)
 
 
