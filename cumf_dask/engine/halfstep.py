@@ -207,7 +207,7 @@ class SUALSEngine:
         tasks do not each concatenate host arrays."""
         lo, hi = h.col_bounds[part], h.col_bounds[part + 1]
         if not self.plan.on_host(self.plan.other(h.side).side):
-            return lo, hi, [p for p in fixed.pieces if p[0] < hi and lo < p[1]]
+            return fixed.rows(lo, hi)
         if (lo, hi, worker) not in fixed.placed:
             name = "Theta" if h.side == "x" else "X"
             fixed.placed[(lo, hi, worker)] = self.gather(
@@ -240,13 +240,12 @@ class SUALSEngine:
         on_device: bool = False,
         after: Any = None,
     ) -> Future:
-        """Rows [lo, hi) of a factor assembled on `worker` from the pieces that hold them
-        (only those move: a batch's warm start or RMSE rows are mostly on its own worker);
-        `on_device`, `after`: see :meth:`copied_in`."""
+        """Rows [lo, hi) of a factor assembled on `worker` by a task of its own (only the
+        pieces that hold them move: a batch's warm start or RMSE rows are mostly on its own
+        worker); `on_device`, `after`: see :meth:`copied_in`."""
         key = f"{name}-on-{self.place.index(worker)}-{factor.version}"
-        pieces = [p for p in factor.pieces if p[0] < hi and lo < p[1]]
         return self.submit(
-            tasks.assemble, lo, hi, self.backend, pieces, on_device, after, key=key,
+            tasks.rows_from, factor.rows(lo, hi), self.backend, on_device, after, key=key,
             worker=worker, compute=on_device, priority=priority,
         )  # fmt: skip
 

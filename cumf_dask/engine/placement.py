@@ -40,6 +40,10 @@ class Factor:
     owners: list[str] = field(default_factory=list)  # the worker of each piece
     checks: list[Future] = field(default_factory=list)  # tasks.check_finite, one per owner
 
+    def rows(self, lo: int, hi: int) -> Rows:
+        """Rows [lo, hi) as the pieces that hold them (only those move to a task's worker)."""
+        return lo, hi, [p for p in self.pieces if p[0] < hi and lo < p[1]]
+
 
 class Placement:
     """The rules above, over worker addresses in a stable order."""

@@ -92,19 +92,19 @@ def initial_factor(
     return to_backend(init_factor(n_rows, f, seed, lo, hi, stream, scale), backend, host)
 
 
-def assemble(
-    lo: int,
-    hi: int,
-    backend: str,
-    pieces: list[tuple[int, int, Any]],
-    on_device: bool = False,
-    after: Any = None,
+FactorRows = tuple[int, int, list[tuple[int, int, Any]]]  # (lo, hi, pieces (start, stop, array))
+
+
+def rows_from(
+    rows: FactorRows, backend: str, on_device: bool = False, after: Any = None
 ) -> Any:
-    """Rows [lo, hi) of a factor from pieces (start, stop, array) that cover them, in the
-    memory the pieces are in (a factor in host memory is copied to the GPU by its users), or
-    (`on_device`) on the device: a part of a factor in host memory copied over once for
-    all the tasks of a half-step that use it. `after`: the task this waits for (bounds the
-    parts on the device); unused."""
+    """Rows [lo, hi) of a factor from the pieces that cover them, in the memory the pieces
+    are in (a view when one piece holds them all). The tasks that use a factor's rows call
+    this themselves (see :meth:`~.halfstep.SUALSEngine.fixed_on`); a gather task of its own
+    calls it for rows shared by several tasks, or (`on_device`) for a part of a factor in
+    host memory copied to the device once for all the tasks of a half-step that use it.
+    `after`: the task this waits for (bounds the parts on the device); unused."""
+    lo, hi, pieces = rows
     be = get_backend(backend)
     parts = []
     for start, stop, arr in sorted(pieces, key=lambda t: t[0]):
@@ -116,13 +116,6 @@ def assemble(
     if len(parts) == 1:
         return parts[0]
     return be.concatenate(parts)
-
-
-def rows_from(rows: tuple[int, int, list[tuple[int, int, Any]]], backend: str) -> Any:
-    """Rows (lo, hi, pieces) of a factor, assembled inside the task that uses them (see
-    :meth:`~.halfstep.SUALSEngine.fixed_on`); a view when one piece holds them all."""
-    lo, hi, pieces = rows
-    return assemble(lo, hi, backend, pieces)
 
 
 class NonFiniteFactor(ArithmeticError):
@@ -170,7 +163,7 @@ def _kept(be: Any, X: Any, host: bool, row0: int) -> Any:
 
 def update(
     block: Block,
-    fixed: tuple[int, int, list],
+    fixed: FactorRows,
     counts: Any,
     spec: UpdateSpec,
     backend: str,
@@ -197,7 +190,7 @@ def update(
 
 def hermitian_sums(
     block: Block,
-    fixed: tuple[int, int, list],
+    fixed: FactorRows,
     backend: str,
     spec: UpdateSpec | None = None,
     into: tuple[Any, Any] | None = None,
@@ -269,7 +262,7 @@ def reduce_solve(
 
 
 def block_squared_error(
-    block: Block, x_rows: Any, fixed: tuple[int, int, list], backend: str
+    block: Block, x_rows: Any, fixed: FactorRows, backend: str
 ) -> tuple[float, int]:
     """Sum of squared residuals over a block's ratings, and their count (`fixed`: the rows of
     the other factor, as :func:`rows_from` takes them)."""
@@ -278,7 +271,7 @@ def block_squared_error(
 
 
 def block_implicit_loss(
-    block: Block, x_rows: Any, fixed: tuple[int, int, list], spec: UpdateSpec, backend: str
+    block: Block, x_rows: Any, fixed: FactorRows, spec: UpdateSpec, backend: str
 ) -> tuple[float, float]:
     """The stored entries' part of the implicit objective over a block, and their total
     confidence: (sum c (p - s)^2 - s^2, sum c), s = x_u . y_v (see ``Backend.implicit_terms``);
