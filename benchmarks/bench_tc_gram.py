@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_kernels import timeit
 
-from cumf_dask.backend.cupy_backend import CupyBackend
+from cumf_dask.backend.cupy_backend import CupyBackend, kernel_source
 from cumf_dask.compat import import_cupy
 from cumf_dask.data.store import Block
 
@@ -43,9 +43,9 @@ CASES = [  # name, fixed rows, segments, ratings per segment
 
 def tc_kernel(flush: int):
     """The probe kernel with FLUSH = flush, and its dynamic shared memory in bytes."""
-    kernel = cp.RawModule(
-        code=SOURCE.read_text(), options=("-std=c++17", f"-DFLUSH={flush}")
-    ).get_function("gram_tc")
+    code = kernel_source() + SOURCE.read_text()  # the probe uses mo_als.cu's copy helpers
+    options = ("-std=c++17", f"-DFLUSH={flush}")
+    kernel = cp.RawModule(code=code, options=options).get_function("gram_tc")
     smem = 3 * 2 * 32 * 208 + 64 + (55 * 128 * 4 if flush else 0)
     kernel.max_dynamic_shared_size_bytes = smem
     return kernel, smem

@@ -17,6 +17,8 @@
 // 32 ratings (two k-steps), three buffers staged one bin ahead, one barrier per bin. The
 // 55 tiles of the lower triangle (row blocks of 16, column blocks of 8) are dealt to the
 // warps at compile time: warp w takes row blocks 6 - w and (w > 0) w - 1, about 14 tiles each.
+// Compiled after the library's mo_als.cu (bench_tc_gram.py joins them): smem_u32,
+// cp_async16 and cp_async_commit are its.
 #define F 104
 #define ROWB 208                 // bytes per bin row
 #define BIN 32                   // ratings per bin
@@ -27,18 +29,6 @@
 #ifndef FLUSH
 #define FLUSH 0
 #endif
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-__device__ __forceinline__ void cp16(unsigned dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 __device__ __forceinline__ void ldm_x4_t(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -151,7 +141,7 @@ __device__ __forceinline__ void stage(unsigned char* bins, int b, const int* __r
         const int k = c / (2 * PIECES), p = c - k * 2 * PIECES;
         const int plane = p >= PIECES, piece = p - plane * PIECES;
         const unsigned short* src = (plane ? lo : hi) + (long long)__ldg(idx + e + k) * F;
-        cp16(dst + plane * PLANE + k * ROWB + piece * 16, src + piece * 8);
+        cp_async16(dst + plane * PLANE + k * ROWB + piece * 16, src + piece * 8);
     }
     constexpr int WORDS = ROWB / 4;
     const int kend = (nk + 15) / 16 * 16;
@@ -159,7 +149,7 @@ __device__ __forceinline__ void stage(unsigned char* bins, int b, const int* __r
         const int k = nk + c / (2 * WORDS), p = c % (2 * WORDS);
         reinterpret_cast<unsigned*>(buf + (p >= WORDS) * PLANE + k * ROWB)[p % WORDS] = 0u;
     }
-    commit();
+    cp_async_commit();
 }
 
 template <typename W>
@@ -174,7 +164,7 @@ __device__ __forceinline__ void gram(W& w, unsigned char* bins, float* sums,
     stage(bins, 0, idx, hi, lo, e0, n);
     for (int b = 0; b < nbins; ++b) {
         if (b + 1 < nbins) stage(bins, b + 1, idx, hi, lo, e0, n);
-        else commit();
+        else cp_async_commit();
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         __syncthreads();  // every warp reaches it once per bin (from its own instance of gram)
         const unsigned bin = smem_u32(bins + (b % NBUF) * BUF);
