@@ -190,6 +190,77 @@ def test_short_rows_by_the_push_through_identity(f, weighted):
     assert rel_err(X, X0) < 1e-4
 
 
+def _gram64(block, fixed):
+    """A (lower triangles) and B of every row in float64."""
+    m, f = block.n_rows, fixed.shape[1]
+    A, B = np.zeros((m, f, f)), np.zeros((m, f))
+    for u, lo, hi in zip(range(m), block.indptr[:-1], block.indptr[1:], strict=True):
+        G = fixed[block.indices[lo:hi]].astype(np.float64)
+        A[u], B[u] = G.T @ G, G.T @ block.values[lo:hi]
+    return _lower(A), B
+
+
+def _segment_rows(degrees, n, rng):
+    """A block with rows of the given degrees (distinct random columns, ratings in [1, 5])."""
+    rows = np.repeat(np.arange(len(degrees)), degrees)
+    cols = np.concatenate([rng.choice(n, d, replace=False) for d in degrees])
+    vals = rng.uniform(1, 5, rows.size).astype(np.float32)
+    return coo_to_block(rows, cols, vals, 0, 0, len(degrees), n)
+
+
+@pytest.mark.parametrize("f", [7, 15, 24, 31, 40, 63, 64, 95, 100, 111])
+def test_tensor_core_gram_matches_float64(f):
+    """The tensor-core Gram (float16 split, flushed sums) of rows of every bin shape (a few
+    ratings, a partial k-step, whole and partial bins, past a flush, split over segments
+    and summed with atomics) is within float32's error of float64: stored, packed and added
+    to, for F of each warp layout (row blocks odd and even, odd and even units)."""
+    from cumf_dask.backend.cupy_backend import CupyBackend
+
+    rng = np.random.default_rng()
+    degrees = [1, 5, 16, 17, 31, 32, 33, 200, 256, 257, 300, 0, 1000, 3000]
+    block = _segment_rows(degrees, 4000, rng)
+    fixed = rng.normal(0, 1, (4000, f)).astype(np.float32)
+    A0, B0 = _gram64(block, fixed)
+    tc, fp32 = CupyBackend(long_row=600), CupyBackend(long_row=600, tensor_cores=False)
+    assert "tc_hermitian" in tc._kernels(f) and "tc_hermitian" not in fp32._kernels(f)
+    errors = {}
+    for name, be in (("tc", tc), ("fp32", fp32)):
+        dev = be.block_to_device(block)
+        A, B = (be.to_host(a) for a in be.hermitian(dev, be.asarray(fixed)))
+        errors[name] = max(rel_err(_lower(A), A0), rel_err(B, B0))
+        P, Bp = be.packed_hermitian(dev, be.asarray(fixed), into=(
+            be.asarray(np.ones(A0.shape, np.float32)), be.asarray(np.ones(B0.shape, np.float32))))
+        assert rel_err(be.to_host(P), A0 + 1) < 2e-6 and rel_err(be.to_host(Bp), B0 + 1) < 2e-6
+    assert errors["tc"] < 2e-6, errors  # float32's level (the FP32 units': 3e-7 to 1e-6)
+
+
+@pytest.mark.parametrize("where", ["factor", "rating"])
+def test_values_outside_float16_take_the_fp32_kernels(where):
+    """A factor value or a rating of 16384 or more does not fit the float16 split: the FP32
+    kernels build the Gram of those segments (all of them for a factor value; that row's for
+    a rating), and the result is the FP32 path's (bit for bit where no atomics sum it)."""
+    from cumf_dask.backend.cupy_backend import CupyBackend
+
+    rng = np.random.default_rng()
+    f, degrees = 100, [40, 300, 5000, 7]
+    block = _segment_rows(degrees, 6000, rng)
+    fixed = rng.normal(0, 1, (6000, f)).astype(np.float32)
+    if where == "factor":
+        fixed[block.indices[50], 3] = 3e4
+    else:
+        block.values[50] = 2e4  # in row 1
+    A0, B0 = _gram64(block, fixed)
+    tc, fp32 = CupyBackend(long_row=1000), CupyBackend(long_row=1000, tensor_cores=False)
+    out = {}
+    for name, be in (("tc", tc), ("fp32", fp32)):
+        A, B = be.hermitian(be.block_to_device(block), be.asarray(fixed))
+        out[name] = _lower(be.to_host(A)), be.to_host(B)
+        assert rel_err(out[name][0], A0) < 5e-6 and rel_err(out[name][1], B0) < 5e-6
+    rows = [0, 1, 3] if where == "factor" else [1]  # row 2 is split: atomics, in any order
+    assert np.array_equal(out["tc"][0][rows], out["fp32"][0][rows])
+    assert np.array_equal(out["tc"][1][rows], out["fp32"][1][rows])
+
+
 def test_above_256_uses_cusolver(gpu):
     m, n, f, lam = 30, 500, 300, 0.05
     rows, cols, vals, block, fixed = _problem(m, n, f, 0.5, 11, empty_rows=[0])

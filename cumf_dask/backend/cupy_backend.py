@@ -15,6 +15,13 @@ of loaded bands and solved factors are one-pass kernels of their own (``kernels/
   item never serializes on one block. Only rows without ratings and split rows are zeroed
   first: the others are stored whole. ``packed_hermitian`` (p > 1): the same kernels write
   packed lower triangles and add them to the worker's running sums.
+* the Gram on the tensor cores (``kernels/tensor_gram.cuh``, f <= 111, float32 factors,
+  explicit ratings, compute capability 8.0+): ``hermitian``'s segments (and so the long rows
+  of ``update``) split each fixed row into two float16 rows, x = hi + lo 2^-11, and sum
+  hi^T hi + (hi^T lo + lo^T hi) 2^-11 with mma.sync, the float32 sums flushed every 256
+  ratings: 1.1e-6 from float64 (the FP32 units: 3e-6), 1.5x faster on 4,096-rating
+  segments at f = 100 on an H100 (benchmarks/bench_tc_gram.py). A segment with a value
+  float16 cannot hold goes to the FP32 kernel, chosen on the GPU.
 * ``solve``: own batched Cholesky, one block per system (several small systems per block
   for f <= 40), the matrix held as register tiles (right-looking tiled factorization,
   panels through shared memory). It beat cuSOLVER ``potrfBatched``/``potrsBatched`` and
@@ -46,6 +53,7 @@ of loaded bands and solved factors are one-pass kernels of their own (``kernels/
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import weakref
@@ -79,6 +87,8 @@ ROW_UNROLL = 4  # ratings row_update_kernel reads at a time (1, 2, 4: within 5% 
 DUAL_SIZES = (24, 40, 56, 72)  # dual_update_kernel's sizes: rows with fewer ratings than one,
 # by the push-through identity (an n x n system), where it is below F (benchmarks/gpu_notes.md)
 MAX_DUAL = 96  # the largest dual size (its tiles fill three warps)
+MAX_TENSOR_CORE_F = 111  # f up to this (F <= 112): hermitian's Gram on the tensor cores, where
+# the factor is float32 and the ratings explicit (kernels/tensor_gram.cuh)
 REHEARSAL_ROWS = (0, 5, 20, 36, 52, 68, 150)  # ratings per row of prepare's rehearsal block
 STATIC_SMEM = 48 * 1024  # shared memory a kernel may use without opting in
 STAGING_BYTES = 8 << 20  # page-locked buffer of a decoding thread (a 1M-entry int64 chunk)
@@ -87,7 +97,8 @@ _SOURCE = Path(__file__).parent / "kernels" / "mo_als.cu"
 _ERROR_SOURCE = Path(__file__).parent / "kernels" / "error.cu"
 _CHECKS_SOURCE = Path(__file__).parent / "kernels" / "checks.cu"
 CHECK_GRID = (1024, 256)  # blocks (at most) and threads of the one-pass checks
-_INCLUDE = '#include "cg.cuh"'  # spliced in (CuPy's cache key is the text it compiles)
+_INCLUDE = re.compile(r'^#include "(\w+\.cuh)".*$', re.M)  # spliced in (CuPy's cache key is
+# the text it compiles)
 _SMALLER = "plan smaller batches (a larger plan.q) so that a block fits the GPU"
 _ELEMENT = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}  # kernels' T by dtype
 
@@ -115,6 +126,17 @@ def dual_smem_bytes(size: int, f: int) -> int:
     return 4 * f * (size + 4) + -(-chol // 16) * 16 + 4 * size
 
 
+def tensor_core_shape(padded: int) -> tuple[int, int]:
+    """(threads, dynamic shared memory bytes) of tc_hermitian_kernel<padded> (Tc<F> in
+    kernels/tensor_gram.cuh): a warp per two row blocks of 16; three bins of 32 split rows
+    in two planes, each row an odd number of 16-byte units; 16 bytes; their ratings; the
+    flushed sums, 128 floats per 16 x 8 tile."""
+    units, row_blocks = padded // TILE, -(-padded // 16)
+    tiles = sum(min(2 * i + 2, units) for i in range(row_blocks))
+    bins = 3 * 2 * 32 * 16 * (units | 1) + 16 + 3 * 32 * 4
+    return 32 * ((row_blocks + 1) // 2), bins + tiles * 128 * 4
+
+
 def systems_per_block(padded: int) -> int:
     """Systems one solve_kernel block solves: as many as fit one warp (kernels' SYS)."""
     tiles = _tiles(padded)
@@ -130,6 +152,7 @@ def kernels(
     cg: bool = False,
     small_f: int = 0,
     dual: tuple[int, ...] = (),
+    tensor_cores: bool = False,
 ) -> dict[str, Any]:
     """The compiled kernels for a padded size F on a device (compiled once per process).
 
@@ -140,18 +163,22 @@ def kernels(
     ``small_f``: f, to compile the one-thread-per-row kernels for it: ``row_hermitian``, and
     ``row_update`` instead of the tiled ``update`` (without ``cg``); 0: the tiled ones.
     ``dual``: the sizes of ``dual_update_kernel`` to compile (``dual24`` ...: short rows).
+    ``tensor_cores``: also ``split`` and ``tc_hermitian`` (the Gram on the tensor cores).
     Each kernel is its own module (its own entry in CuPy's disk cache), and the missing ones
     compile in parallel threads: NVRTC runs without the GIL, so a fresh machine waits for
     the slowest kernel, not for their sum. A thread that asks while another compiles waits
     for it (the engine compiles them in the background while the blocks load).
     """
-    names = kernel_names(padded, threads_per_sm, element, implicit, cg, small_f, dual)
+    names = kernel_names(padded, threads_per_sm, element, implicit, cg, small_f, dual,
+                         tensor_cores)  # fmt: skip
     with _COMPILING:
         missing = [name for name in names.values() if (name, device) not in _FUNCTIONS]
         if missing:
             with ThreadPoolExecutor(len(missing)) as pool:
                 compiled = list(pool.map(lambda name: _compile(name, device), missing))
             for name, function in zip(missing, compiled, strict=True):
+                if name.startswith("tc_hermitian"):  # above the 48 KB a kernel has unasked
+                    function.max_dynamic_shared_size_bytes = tensor_core_shape(padded)[1]
                 _FUNCTIONS[name, device] = function
         return {key: _FUNCTIONS[name, device] for key, name in names.items()}
 
@@ -168,6 +195,7 @@ def kernel_names(
     cg: bool,
     small_f: int,
     dual: tuple[int, ...],
+    tensor_cores: bool = False,
 ) -> dict[str, str]:
     """The kernels ``kernels`` compiles, by key: their template instances (name expressions)."""
     threads, _ = launch_shape(padded)
@@ -186,6 +214,9 @@ def kernel_names(
         t = launch_shape(size)[0]
         dual_shape = f"{size}, {t}, {max(1, threads_per_sm // t)}"
         names[f"dual{size}"] = f"dual_update_kernel<{dual_shape}>"
+    if tensor_cores:
+        names["split"] = "split_kernel"
+        names["tc_hermitian"] = f"tc_hermitian_kernel<{padded}>"
     if padded <= padded_size(MAX_FUSED_F):
         names["solve"] = f"solve_kernel<{shape}>"
         if cg:
@@ -233,9 +264,9 @@ def _check_launch(kernel_key: str, n: int, args: tuple) -> None:
 
 
 def kernel_source() -> str:
-    """mo_als.cu with the CG solver (cg.cuh, beside it) spliced in where it includes it."""
-    text = _SOURCE.read_text()
-    return text.replace(_INCLUDE, (_SOURCE.parent / "cg.cuh").read_text(), 1)
+    """mo_als.cu with the .cuh files beside it (the CG solver, the tensor-core Gram) spliced
+    in where it includes them."""
+    return _INCLUDE.sub(lambda m: (_SOURCE.parent / m[1]).read_text(), _SOURCE.read_text())
 
 
 def bfloat16_rows(fixed: Any) -> Any:
@@ -405,6 +436,10 @@ class CupyBackend(Backend):
     ``dual_sizes``: explicit Cholesky updates of float32 factors solve rows with fewer
     ratings than one of these sizes (and than f) as an n x n system
     (``dual_update_kernel``); () turns that off.
+    ``tensor_cores``: ``hermitian`` (and the long rows of ``update``) build the Gram on the
+    tensor cores where it applies: float32 factors, explicit ratings, f <= 111, a GPU of
+    compute capability 8.0 or later (kernels/tensor_gram.cuh); False: always on the FP32
+    units.
     """
 
     name = "cupy"
@@ -416,6 +451,7 @@ class CupyBackend(Backend):
         threads_per_sm: int = THREADS_PER_SM,
         precision: str = "float32",
         dual_sizes: Sequence[int] = DUAL_SIZES,
+        tensor_cores: bool = True,
     ):
         super().__init__(precision)
         if long_row < 1:
@@ -426,6 +462,7 @@ class CupyBackend(Backend):
         self.long_row = int(long_row)
         self.threads_per_sm = threads_per_sm
         self.dual_sizes = tuple(sorted(dual_sizes))
+        self.tensor_cores = tensor_cores
         # id(block): (counts, key, rows), see _update_rows
         self._row_sets: dict[int, tuple[Any, tuple, _UpdateRows]] = {}
         self._copies: Any = None  # the side stream of staged_copy, made at its first use
@@ -563,9 +600,13 @@ class CupyBackend(Backend):
         implicit, cg = (spec.implicit, spec.cg) if spec is not None else (False, False)
         small = f if f <= SMALL_F else 0
         dual = self._dual(f, spec, element)
+        device = cp.cuda.Device()
+        tensor_cores = (self.tensor_cores and element == "float" and not implicit
+                        and f <= MAX_TENSOR_CORE_F
+                        and int(device.compute_capability) >= 80)  # fmt: skip
         return kernels(
-            padded_size(f), cp.cuda.Device().id, self.threads_per_sm, element, implicit, cg, small,
-            dual,
+            padded_size(f), device.id, self.threads_per_sm, element, implicit, cg, small, dual,
+            tensor_cores,
         )
 
     def _dual(self, f: int, spec: UpdateSpec | None, element: str) -> tuple[int, ...]:
@@ -628,11 +669,19 @@ class CupyBackend(Backend):
     ):
         """A[out], B[out] of the rows that `launches` cover (:meth:`_gram_launches`): the
         Gram of their fixed rows, scaled by `scale` (implicit; csr's values are then the t
-        of each rating). `sum_into`: A holds packed lower triangles, and both are added to."""
+        of each rating). `sum_into`: A holds packed lower triangles, and both are added to.
+
+        With the tensor-core kernels, each tiled launch is two: ``tc_hermitian`` takes the
+        segments whose values fit float16 and records which, then ``hermitian`` does the
+        others (none, unless some factor value or rating is 16384 or more): the choice is
+        made on the GPU, with no wait for the factor being checked."""
         indices, values = csr[1], csr[2]
         f = fixed.shape[1]
         threads, groups = launch_shape(padded_size(f))
         found = self._kernels(f, _ELEMENT[fixed.dtype], spec)
+        split = None
+        if "tc_hermitian" in found and launches.tiled:
+            split = self._split(fixed, found["split"])
         if launches.row is not None:
             row_out, row_lo, row_hi = launches.row
             args = (indices, values, scale, fixed, row_out, row_lo, row_hi,
@@ -642,9 +691,30 @@ class CupyBackend(Backend):
             A[launches.zero] = 0
             B[launches.zero] = 0
         for seg_out, seg_lo, seg_hi, atomic in launches.tiled:
-            args = (indices, values, scale, fixed, np.int32(f), vec, seg_out, seg_lo, seg_hi,
-                    atomic, A, B, np.int32(sum_into))  # fmt: skip
+            out = (seg_out, seg_lo, seg_hi, atomic, A, B, np.int32(sum_into))
+            taken = None
+            if split is not None:
+                halves, fits = split
+                taken = cp.empty(seg_out.size, cp.int32)
+                tc_threads, smem = tensor_core_shape(padded_size(f))
+                found["tc_hermitian"]((seg_out.size,), (tc_threads,),
+                                      (indices, values, halves, np.int32(f), fits, taken, *out),
+                                      shared_mem=smem)  # fmt: skip
+            args = (indices, values, scale, fixed, np.int32(f), vec, taken, *out)
             found["hermitian"]((seg_out.size, groups), (threads,), args)
+
+    @staticmethod
+    def _split(fixed: Any, kernel: Any) -> tuple[Any, Any]:
+        """(halves, fits): each row of the float32 factor as two float16 rows, hi then lo
+        (x = hi + lo 2^-11, padded to F), for ``tc_hermitian``; fits (one int32) is 0 when
+        a value is outside float16's safe range (then ``hermitian`` does all the work)."""
+        n, f = fixed.shape
+        padded = padded_size(f)
+        halves = cp.empty((n, padded), cp.uint32)  # 2 F halves per row
+        fits = cp.ones(1, cp.int32)
+        blocks = max(1, min(4096, -(-n * padded // 2 // 256)))
+        kernel((blocks,), (256,), (fixed, np.int32(f), np.int32(padded), np.int64(n), halves, fits))
+        return halves, fits
 
     def _gram_launches(self, indptr: Any, rows: Any, out: Any, row_kernel: bool) -> _GramLaunches:
         """How :meth:`_gram` covers `rows`: rows of up to long_row ratings are stored whole

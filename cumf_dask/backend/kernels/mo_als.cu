@@ -514,17 +514,19 @@ __device__ __forceinline__ void chol_solve(float (&acc)[TILE][TILE], int ib, int
 // triangle) and B (rows, f), rows scaled by `scale` when SCALED. With `atomic`, rows split over several segments sum up in
 // place (A, B zeroed by the caller); without, each row has one segment and is stored.
 // With `sum_into`, A holds packed lower triangles (rows, f(f+1)/2) and every value is added
-// to what is there.
+// to what is there. Segments with taken[s] != 0 (taken: null, or what tc_hermitian_kernel
+// recorded) are skipped.
 // MINB: minimum resident blocks per SM asked of the compiler (as for update_kernel).
 template <int F, int NT, int MINB, typename T, bool SCALED>
 __global__ void __launch_bounds__(NT, MINB)
     hermitian_kernel(const int* __restrict__ idx, const float* __restrict__ val,
                      const float* __restrict__ scale, const T* __restrict__ fixed, int f, int vec,
-                     const int* __restrict__ seg_out, const long long* __restrict__ seg_lo,
-                     const long long* __restrict__ seg_hi, int atomic, float* __restrict__ A,
-                     float* __restrict__ B, int sum_into) {
+                     const int* __restrict__ taken, const int* __restrict__ seg_out,
+                     const long long* __restrict__ seg_lo, const long long* __restrict__ seg_hi,
+                     int atomic, float* __restrict__ A, float* __restrict__ B, int sum_into) {
     __shared__ __align__(16) unsigned char bins[Bins<F, NT, T, SCALED>::BYTES];
     const int s = blockIdx.x;
+    if (taken != nullptr && taken[s]) return;  // done on the tensor cores (tensor_gram.cuh)
     const int t = blockIdx.y * NT + threadIdx.x;
     const bool active = t < Cfg<F>::NTRI;
     int ib = 0, jb = 0;
@@ -561,6 +563,8 @@ __global__ void __launch_bounds__(NT, MINB)
         }
     }
 }
+
+#include "tensor_gram.cuh"  // the Gram on the tensor cores (spliced in, as cg.cuh)
 
 // Fused update of whole rows (p == 1): Gram in registers (IMPLICIT: rows scaled by `scale`,
 // then + G0) -> Cholesky or CG -> x_u. A never leaves the chip. Block b solves row u = rows[b] (counts[u] > 0), adding
