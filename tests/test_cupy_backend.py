@@ -44,6 +44,24 @@ def _lower(A):
     return A[:, low[0], low[1]]
 
 
+def _gram64(block, fixed):
+    """A (lower triangles) and B of every row in float64."""
+    m, f = block.n_rows, fixed.shape[1]
+    A, B = np.zeros((m, f, f)), np.zeros((m, f))
+    for u, lo, hi in zip(range(m), block.indptr[:-1], block.indptr[1:], strict=True):
+        G = fixed[block.indices[lo:hi]].astype(np.float64)
+        A[u], B[u] = G.T @ G, G.T @ block.values[lo:hi]
+    return _lower(A), B
+
+
+def _segment_rows(degrees, n, rng):
+    """A block with rows of the given degrees (distinct random columns, ratings in [1, 5])."""
+    rows = np.repeat(np.arange(len(degrees)), degrees)
+    cols = np.concatenate([rng.choice(n, d, replace=False) for d in degrees])
+    vals = rng.uniform(1, 5, rows.size).astype(np.float32)
+    return coo_to_block(rows, cols, vals, 0, 0, len(degrees), n)
+
+
 def _check_packed_sums(gpu, block, fixed, A0, B0):
     """packed_hermitian gives the packed lower triangles and B of the reference A0, B0, and
     with `into` adds them to what it holds."""
@@ -161,10 +179,7 @@ def test_short_rows_by_the_push_through_identity(f, weighted):
     rng = np.random.default_rng()
     degrees = [1, 2, 7, 8, 0, 22, 23, 24, 25, 39, 40, 41, 55, 56, 70, 71, 72, 73, 99, 150]
     m, n = len(degrees), 400
-    rows = np.repeat(np.arange(m), degrees)
-    cols = np.concatenate([rng.choice(n, d, replace=False) for d in degrees])
-    vals = rng.uniform(1, 5, rows.size).astype(np.float32)
-    block = coo_to_block(rows, cols, vals, 0, 0, m, n)
+    block = _segment_rows(degrees, n, rng)
     fixed = (rng.random((n, f)) / np.sqrt(f)).astype(np.float32)
     counts = np.asarray(degrees)
     spec = UpdateSpec(0.05, weighted=weighted)
@@ -188,24 +203,6 @@ def test_short_rows_by_the_push_through_identity(f, weighted):
     assert (X[4] == 0).all()
     assert rel_err(X, ref) < 1e-4
     assert rel_err(X, X0) < 1e-4
-
-
-def _gram64(block, fixed):
-    """A (lower triangles) and B of every row in float64."""
-    m, f = block.n_rows, fixed.shape[1]
-    A, B = np.zeros((m, f, f)), np.zeros((m, f))
-    for u, lo, hi in zip(range(m), block.indptr[:-1], block.indptr[1:], strict=True):
-        G = fixed[block.indices[lo:hi]].astype(np.float64)
-        A[u], B[u] = G.T @ G, G.T @ block.values[lo:hi]
-    return _lower(A), B
-
-
-def _segment_rows(degrees, n, rng):
-    """A block with rows of the given degrees (distinct random columns, ratings in [1, 5])."""
-    rows = np.repeat(np.arange(len(degrees)), degrees)
-    cols = np.concatenate([rng.choice(n, d, replace=False) for d in degrees])
-    vals = rng.uniform(1, 5, rows.size).astype(np.float32)
-    return coo_to_block(rows, cols, vals, 0, 0, len(degrees), n)
 
 
 @pytest.mark.parametrize("f", [7, 15, 24, 31, 40, 63, 64, 95, 100, 111])

@@ -195,7 +195,7 @@ def kernel_names(
     cg: bool,
     small_f: int,
     dual: tuple[int, ...],
-    tensor_cores: bool = False,
+    tensor_cores: bool,
 ) -> dict[str, str]:
     """The kernels ``kernels`` compiles, by key: their template instances (name expressions)."""
     threads, _ = launch_shape(padded)
@@ -666,12 +666,13 @@ class CupyBackend(Backend):
         scale: Any = None,
         spec: UpdateSpec | None = None,
         sum_into: bool = False,
+        split: tuple[Any, Any] | None = None,
     ):
         """A[out], B[out] of the rows that `launches` cover (:meth:`_gram_launches`): the
         Gram of their fixed rows, scaled by `scale` (implicit; csr's values are then the t
         of each rating). `sum_into`: A holds packed lower triangles, and both are added to.
 
-        With the tensor-core kernels, each tiled launch is two: ``tc_hermitian`` takes the
+        With `split` (:meth:`_split`), each tiled launch is two: ``tc_hermitian`` takes the
         segments whose values fit float16 and records which, then ``hermitian`` does the
         others (none, unless some factor value or rating is 16384 or more): the choice is
         made on the GPU, with no wait for the factor being checked."""
@@ -679,9 +680,6 @@ class CupyBackend(Backend):
         f = fixed.shape[1]
         threads, groups = launch_shape(padded_size(f))
         found = self._kernels(f, _ELEMENT[fixed.dtype], spec)
-        split = None
-        if "tc_hermitian" in found and launches.tiled:
-            split = self._split(fixed, found["split"])
         if launches.row is not None:
             row_out, row_lo, row_hi = launches.row
             args = (indices, values, scale, fixed, row_out, row_lo, row_hi,
@@ -703,11 +701,15 @@ class CupyBackend(Backend):
             args = (indices, values, scale, fixed, np.int32(f), vec, taken, *out)
             found["hermitian"]((seg_out.size, groups), (threads,), args)
 
-    @staticmethod
-    def _split(fixed: Any, kernel: Any) -> tuple[Any, Any]:
-        """(halves, fits): each row of the float32 factor as two float16 rows, hi then lo
-        (x = hi + lo 2^-11, padded to F), for ``tc_hermitian``; fits (one int32) is 0 when
-        a value is outside float16's safe range (then ``hermitian`` does all the work)."""
+    def _split(self, fixed: Any, spec: UpdateSpec | None) -> tuple[Any, Any] | None:
+        """(halves, fits) for ``tc_hermitian``, made once per call of hermitian or update:
+        each row of the float32 factor as two float16 rows, hi then lo (x = hi + lo 2^-11,
+        padded to F); fits (one int32) is 0 when a value is outside float16's safe range
+        (then ``hermitian`` does all the work). None where the tensor cores do not apply."""
+        found = self._kernels(fixed.shape[1], _ELEMENT[fixed.dtype], spec)
+        if "tc_hermitian" not in found:
+            return None
+        kernel = found["split"]
         n, f = fixed.shape
         padded = padded_size(f)
         halves = cp.empty((n, padded), cp.uint32)  # 2 F halves per row
@@ -1017,7 +1019,8 @@ class CupyBackend(Backend):
         rows = cp.flatnonzero(degree > 0).astype(cp.int32)
         if rows.size:
             launches = self._gram_launches(csr[0], rows, rows, self._row_kernel(fixed, spec))
-            self._gram(csr, fixed, vec, launches, A, B, scale, spec, sum_into)
+            split = self._split(fixed, spec) if launches.tiled else None
+            self._gram(csr, fixed, vec, launches, A, B, scale, spec, sum_into, split)
 
     def solve(
         self,
@@ -1070,10 +1073,11 @@ class CupyBackend(Backend):
                 self._fused(csr, scale, fixed, vec, counts, spec, gram0, x0, plan.fused, X)
             for size, rows in plan.dual:
                 self._short(csr, fixed, counts, spec, size, rows, X)
+            split = self._split(fixed, spec) if plan.batches else None
             for rows, launches in plan.batches:
                 A = cp.empty((rows.size, f, f), cp.float32)
                 B = cp.empty((rows.size, f), cp.float32)
-                self._gram(csr, fixed, vec, launches, A, B, scale, spec)
+                self._gram(csr, fixed, vec, launches, A, B, scale, spec, split=split)
                 Xb = cp.empty((rows.size, f), cp.float32)
                 start = None if x0 is None else cp.ascontiguousarray(x0[rows])
                 self._solve_all(A, B, counts[rows], spec, Xb, gram0, start)

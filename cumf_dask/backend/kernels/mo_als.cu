@@ -509,6 +509,13 @@ __device__ __forceinline__ void chol_solve(float (&acc)[TILE][TILE], int ib, int
 
 #include "cg.cuh"  // the CG solver (cupy_backend splices the file in here)
 
+// *dst = v, or += v (sum_into), or added atomically (a row split over several blocks).
+__device__ __forceinline__ void gram_put(float* dst, float v, bool atomic, bool sum_into) {
+    if (atomic) atomicAdd(dst, v);
+    else if (sum_into) *dst += v;
+    else *dst = v;
+}
+
 // Partial Gram of row segments: block (s, g) adds tiles [g NT, g NT + NT) of segment s
 // (ratings [seg_lo[s], seg_hi[s]) of output row seg_out[s]) into A (rows, f, f, lower
 // triangle) and B (rows, f), rows scaled by `scale` when SCALED. With `atomic`, rows split over several segments sum up in
@@ -556,10 +563,7 @@ __global__ void __launch_bounds__(NT, MINB)
             float* dst = nullptr;
             if (i < f && j <= i) dst = Au + (sum_into ? i * (i + 1) / 2 + j : i * f + j);
             else if (i == f && j < f) dst = Bu + j;
-            if (dst == nullptr) continue;
-            if (atomic) atomicAdd(dst, acc[r][c]);
-            else if (sum_into) *dst += acc[r][c];
-            else *dst = acc[r][c];
+            if (dst != nullptr) gram_put(dst, acc[r][c], atomic, sum_into);
         }
     }
 }

@@ -196,7 +196,7 @@ struct TcWarp {
 };
 
 // A (i < f, j <= i) and B (row f) of output row u from S, as hermitian_kernel writes them
-// (atomic, packed sum_into, or stored): warp w the rows w, w + W, ..., lanes along a row.
+// (gram_put): warp w the rows w, w + W, ..., lanes along a row.
 template <int F>
 __device__ __forceinline__ void tc_store(const float* S, int f, long long u, bool atomic,
                                          bool sum_into, float* __restrict__ A,
@@ -206,11 +206,8 @@ __device__ __forceinline__ void tc_store(const float* S, int f, long long u, boo
         float* dst = i < f ? A + u * (sum_into ? f * (f + 1) / 2 : f * f)
                                  + (sum_into ? i * (i + 1) / 2 : i * f)
                            : B + u * f;
-        for (int j = threadIdx.x % 32; j < (i < f ? i + 1 : f); j += 32) {
-            if (atomic) atomicAdd(dst + j, src[j]);
-            else if (sum_into) dst[j] += src[j];
-            else dst[j] = src[j];
-        }
+        for (int j = threadIdx.x % 32; j < (i < f ? i + 1 : f); j += 32)
+            gram_put(dst + j, src[j], atomic, sum_into);
     }
 }
 
