@@ -75,6 +75,27 @@ def _check_packed_sums(gpu, block, fixed, A0, B0):
     assert rel_err(gpu.to_host(B2), 2 * B0 - 2) < 1e-5
 
 
+def test_packed_sums_must_be_c_contiguous_float32(gpu):
+    """`into` that the kernels cannot add to in place (Fortran order, float64, wrong rows)
+    is refused with the fix named; nothing is written to it."""
+    import cupy as cp
+
+    rng = np.random.default_rng(5)
+    f = 12
+    block = gpu.block_to_device(_segment_rows([30, 5, 0, 17], 40, rng))
+    fixed = gpu.asarray(rng.standard_normal((40, f)).astype(np.float32))
+    P, B = gpu.packed_hermitian(block, fixed)
+    fortran = cp.asfortranarray(P)
+    kept = fortran.copy()
+    with pytest.raises(ValueError, match=r"A must be a C-contiguous.*ascontiguousarray"):
+        gpu.packed_hermitian(block, fixed, into=(fortran, B))
+    assert bool((fortran == kept).all())
+    with pytest.raises(ValueError, match=r"B must be .*shape \(4, 12\).*float64"):
+        gpu.packed_hermitian(block, fixed, into=(P, B.astype(cp.float64)))
+    with pytest.raises(ValueError, match=r"A must be .*shape \(4, 78\)"):
+        gpu.packed_hermitian(block, fixed, into=(P[:3], B))
+
+
 @pytest.mark.parametrize("f", [1, 7, 8, 10, 16, 33, 64, 100, 128, 200, 256])
 def test_kernels_match_numpy_backend(gpu, cpu, f):
     m, n, lam = 150, 400, 0.05

@@ -424,6 +424,22 @@ def _staging(device: int, nbytes: int) -> tuple[np.ndarray, Any]:
     return found[device]
 
 
+def _check_sums(into: tuple[Any, Any], n_rows: int, f: int) -> None:
+    """The kernels add to `into` (packed A, B) through raw pointers: it must be two
+    C-contiguous float32 device arrays of the block's rows (else the sums land in the
+    wrong places, silently)."""
+    shapes = ((n_rows, f * (f + 1) // 2), (n_rows, f))
+    for name, arr, shape in zip(("A", "B"), into, shapes, strict=True):
+        if isinstance(arr, cp.ndarray) and arr.dtype == cp.float32 and arr.shape == shape:
+            if arr.flags.c_contiguous:
+                continue
+            got = "an array that is not C-contiguous (cupy.ascontiguousarray makes one)"
+        else:
+            got = f"{type(arr).__name__} {getattr(arr, 'dtype', '')} {getattr(arr, 'shape', '')}"
+        raise ValueError(f"packed_hermitian(into=...): {name} must be a C-contiguous float32 "
+                         f"CuPy array of shape {shape}; got {got}")  # fmt: skip
+
+
 class CupyBackend(Backend):
     """GPU backend (current CuPy device).
 
@@ -1006,6 +1022,7 @@ class CupyBackend(Backend):
             if into is None:
                 into = (cp.zeros((block.n_rows, f * (f + 1) // 2), cp.float32),
                         cp.zeros((block.n_rows, f), cp.float32))  # fmt: skip
+            _check_sums(into, block.n_rows, f)
             self._gram_rated(csr, scale, fixed, vec, *into, spec, sum_into=True)
             return into
 
