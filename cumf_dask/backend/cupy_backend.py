@@ -1022,7 +1022,8 @@ class CupyBackend(Backend):
             if into is None:
                 into = (cp.zeros((block.n_rows, f * (f + 1) // 2), cp.float32),
                         cp.zeros((block.n_rows, f), cp.float32))  # fmt: skip
-            _check_sums(into, block.n_rows, f)
+            else:
+                _check_sums(into, block.n_rows, f)
             self._gram_rated(csr, scale, fixed, vec, *into, spec, sum_into=True)
             return into
 
