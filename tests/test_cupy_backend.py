@@ -147,13 +147,14 @@ def test_long_rows_are_split_and_summed(cpu, long_row, f):
 
 
 @pytest.mark.parametrize("f", [10, 32])
-def test_update_finds_its_rows_once_per_block(cpu, f):
-    """The rows an update solves how (fused, split) are found once per block and counts
-    (that synchronizes with the GPU); other counts find them again, and they go with the
-    block."""
+def test_rows_are_found_once_per_block(cpu, f):
+    """How the kernels cover a block's rows (update: fused, split; the partial Hermitians:
+    the Gram launches) is found once per block and counts (that synchronizes with the
+    GPU); other counts find it again, a staged copy uses its source's, and it goes with
+    the block."""
     import gc
 
-    from cumf_dask.backend.cupy_backend import SMALL_F, CupyBackend
+    from cumf_dask.backend.cupy_backend import CupyBackend
 
     gpu = CupyBackend(long_row=300)
     rng = np.random.default_rng()
@@ -173,12 +174,23 @@ def test_update_finds_its_rows_once_per_block(cpu, f):
         assert rel_err(X, cpu.update(block, fixed, c, lam)) < 1e-4
     held = gpu.asarray(counts)
     gpu.update(dev, gpu.asarray(fixed), held, lam)
-    assert gpu._update_rows(dev, gpu.asarray(block.indptr), held, f, f <= SMALL_F) is (
-        gpu._row_sets[id(dev)][2]
-    )
-    del dev
+    found = dict(gpu._found[id(dev)])
+    gpu.update(dev, gpu.asarray(fixed), held, lam)
+    staged = []  # the Gram launches of staged copies of `block`, kept on it
+    for _ in range(2):  # the second time from the first's launches
+        sums = gpu.packed_hermitian(gpu.staged_copy(block), gpu.asarray(fixed))
+        gpu.packed_hermitian(dev, gpu.asarray(fixed), into=sums)
+        staged.append([hit[1] for hit in gpu._found[id(block)].values()])
+    assert len(staged[0]) == 1 and staged[1][0] is staged[0][0]
+    A, B = cpu.hermitian(block, fixed)
+    assert rel_err(gpu.to_host(sums[0]), 2 * cpu.pack(A)) < 1e-4
+    assert rel_err(gpu.to_host(sums[1]), 2 * B) < 1e-4
+    kept = gpu._found[id(dev)]
+    assert len(kept) == len(found) + 1  # the update's rows, the Gram launches
+    assert all(kept[key][1] is hit[1] for key, hit in found.items())
+    del dev, block
     gc.collect()
-    assert not gpu._row_sets
+    assert not gpu._found
 
 
 @pytest.mark.parametrize("f", [24, 100, 200])

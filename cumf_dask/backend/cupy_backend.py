@@ -57,7 +57,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import cache
@@ -479,8 +479,8 @@ class CupyBackend(Backend):
         self.threads_per_sm = threads_per_sm
         self.dual_sizes = tuple(sorted(dual_sizes))
         self.tensor_cores = tensor_cores
-        # id(block): (counts, key, rows), see _update_rows
-        self._row_sets: dict[int, tuple[Any, tuple, _UpdateRows]] = {}
+        # id(block): {key: (counts, found)}, see _once
+        self._found: dict[int, dict[tuple, tuple[Any, Any]]] = {}
         self._copies: Any = None  # the side stream of staged_copy, made at its first use
         self._retired: list[tuple[Any, Block]] = []  # (event, block) kept until the event
         self._lock = threading.Lock()  # for both
@@ -754,6 +754,24 @@ class CupyBackend(Backend):
             tiled.append((zero[owner], seg_lo, seg_hi, np.int32(1)))
         return _GramLaunches(row, zero, tiled)
 
+    def _once(self, block: Block, key: tuple, counts: Any, find: Callable[[], Any]) -> Any:
+        """What `find` finds from `block` (how the kernels cover its rows), found once per
+        block, `key` and `counts` object: finding it synchronizes with the GPU, and a
+        resident block's task otherwise returns as soon as its kernels are queued, so the
+        next tasks (a gather, the next part, the other half-step) are queued while they
+        run. Forgotten with the block (a staged copy's are its source's)."""
+        block = block.source or block  # a staged copy: its rows are its source's
+        kept = self._found.get(id(block))
+        if kept is None:
+            kept = self._found[id(block)] = {}
+            weakref.finalize(block, self._found.pop, id(block), None)
+        hit = kept.get(key)
+        if hit is not None and hit[0] is counts:
+            return hit[1]
+        found = find()
+        kept[key] = (counts, found)
+        return found
+
     def _update_rows(
         self,
         block: Block,
@@ -763,39 +781,31 @@ class CupyBackend(Backend):
         row_kernel: bool,
         dual: tuple[int, ...] = (),
     ) -> _UpdateRows:
-        """Which rows of `block` :meth:`update` solves how, found once per block (and
-        `counts` object, f's path): finding them synchronizes with the GPU, and a resident
-        block's update otherwise returns as soon as its kernels are queued, so the next
-        tasks (a gather, the other half-step) are queued while they run. Forgotten with the
-        block (a staged copy's are its source's). `dual`: the sizes of dual_update_kernel
-        that take the fused rows with fewer ratings."""
-        key = (f <= MAX_FUSED_F, row_kernel, self.long_row, dual)
-        block = block.source or block  # a staged copy: its rows are its source's
-        found = self._row_sets.get(id(block))
-        if found is not None and found[0] is counts and found[1] == key:
-            return found[2]
-        degree = cp.diff(indptr)
-        active = (degree > 0) & (self._counts(counts) > 0)
-        fused = cp.zeros(0, cp.int32)
-        if f <= MAX_FUSED_F:
-            short = cp.flatnonzero(active & (degree <= self.long_row))
-            # longest first: they start early instead of forming the tail, and a warp's
-            # rows have about as many ratings
-            fused = short[cp.argsort(-degree[short])].astype(cp.int32)
-            active &= degree > self.long_row
-        fused, shorter = self._dual_rows(fused, degree, dual)
-        rest = cp.flatnonzero(active).astype(cp.int32)
-        step = max(1, BATCH_BYTES // (f * f * 4))
-        batches = []
-        for lo in range(0, rest.size, step):
-            rows = rest[lo : lo + step]
-            local = cp.arange(rows.size, dtype=cp.int32)
-            batches.append((rows, self._gram_launches(indptr, rows, local, row_kernel)))
-        plan = _UpdateRows(fused, shorter, batches)
-        if found is None:
-            weakref.finalize(block, self._row_sets.pop, id(block), None)
-        self._row_sets[id(block)] = (counts, key, plan)
-        return plan
+        """Which rows of `block` :meth:`update` solves how (:meth:`_once`). `dual`: the
+        sizes of dual_update_kernel that take the fused rows with fewer ratings."""
+
+        def find() -> _UpdateRows:
+            degree = cp.diff(indptr)
+            active = (degree > 0) & (self._counts(counts) > 0)
+            fused = cp.zeros(0, cp.int32)
+            if f <= MAX_FUSED_F:
+                short = cp.flatnonzero(active & (degree <= self.long_row))
+                # longest first: they start early instead of forming the tail, and a warp's
+                # rows have about as many ratings
+                fused = short[cp.argsort(-degree[short])].astype(cp.int32)
+                active &= degree > self.long_row
+            fused, shorter = self._dual_rows(fused, degree, dual)
+            rest = cp.flatnonzero(active).astype(cp.int32)
+            step = max(1, BATCH_BYTES // (f * f * 4))
+            batches = []
+            for lo in range(0, rest.size, step):
+                rows = rest[lo : lo + step]
+                local = cp.arange(rows.size, dtype=cp.int32)
+                batches.append((rows, self._gram_launches(indptr, rows, local, row_kernel)))
+            return _UpdateRows(fused, shorter, batches)
+
+        key = ("update", f <= MAX_FUSED_F, row_kernel, self.long_row, dual)
+        return self._once(block, key, counts, find)
 
     @staticmethod
     def _dual_rows(
@@ -1001,12 +1011,11 @@ class CupyBackend(Backend):
             # Rows with ratings are stored by _gram; only the others need zeros.
             A = cp.empty((block.n_rows, f, f), cp.float32)
             B = cp.empty((block.n_rows, f), cp.float32)
-            degree = cp.diff(csr[0])
-            empty = cp.flatnonzero(degree == 0)
-            if empty.size:
+            empty, launches = self._rated_rows(block, csr[0], self._row_kernel(fixed, spec))
+            if empty is not None:
                 A[empty] = 0
                 B[empty] = 0
-            self._gram_rated(csr, scale, fixed, vec, A, B, spec, sum_into=False, degree=degree)
+            self._gram_rated(launches, csr, scale, fixed, vec, A, B, spec, sum_into=False)
             return A, B
 
     def packed_hermitian(
@@ -1024,19 +1033,33 @@ class CupyBackend(Backend):
                         cp.zeros((block.n_rows, f), cp.float32))  # fmt: skip
             else:
                 _check_sums(into, block.n_rows, f)
-            self._gram_rated(csr, scale, fixed, vec, *into, spec, sum_into=True)
+            _, launches = self._rated_rows(block, csr[0], self._row_kernel(fixed, spec))
+            self._gram_rated(launches, csr, scale, fixed, vec, *into, spec, sum_into=True)
             return into
 
+    def _rated_rows(
+        self, block: Block, indptr: Any, row_kernel: bool
+    ) -> tuple[Any, _GramLaunches | None]:
+        """(rows without ratings or None, how the Gram kernels cover the others or None) of
+        `block`, for :meth:`hermitian` and :meth:`packed_hermitian` (:meth:`_once`: a
+        resident block's partial Hermitian is queued without waiting for the GPU)."""
+
+        def find() -> tuple[Any, _GramLaunches | None]:
+            degree = cp.diff(indptr)
+            empty = cp.flatnonzero(degree == 0)
+            rows = cp.flatnonzero(degree > 0).astype(cp.int32)
+            launches = self._gram_launches(indptr, rows, rows, row_kernel) if rows.size else None
+            return (empty if empty.size else None), launches
+
+        return self._once(block, ("rated", row_kernel, self.long_row), None, find)
+
     def _gram_rated(
-        self, csr: tuple, scale: Any, fixed: Any, vec: np.int32, A: Any, B: Any,
-        spec: UpdateSpec | None, sum_into: bool, degree: Any = None,
+        self, launches: _GramLaunches | None, csr: tuple, scale: Any, fixed: Any,
+        vec: np.int32, A: Any, B: Any, spec: UpdateSpec | None, sum_into: bool,
     ) -> None:  # fmt: skip
-        """:meth:`_gram` of the rows of `csr` that have ratings (`degree`: their counts, if
-        already found)."""
-        degree = cp.diff(csr[0]) if degree is None else degree
-        rows = cp.flatnonzero(degree > 0).astype(cp.int32)
-        if rows.size:
-            launches = self._gram_launches(csr[0], rows, rows, self._row_kernel(fixed, spec))
+        """:meth:`_gram` of the rows that have ratings, as `launches` cover them (None:
+        there are none)."""
+        if launches is not None:
             split = self._split(fixed, spec) if launches.tiled else None
             self._gram(csr, fixed, vec, launches, A, B, scale, spec, sum_into, split)
 
