@@ -7,6 +7,7 @@ import pytest
 from conftest import random_ratings, rel_err
 from reference import half_step
 
+from cumf_dask.backend.objective import UpdateSpec
 from cumf_dask.blocks import coo_to_block
 from cumf_dask.factors import init_factor
 
@@ -64,6 +65,34 @@ def test_solve_empty_rows_give_zero(backend):
         )
     )
     assert (X == 0).all()
+
+
+@pytest.mark.parametrize("f", [3, 10, 100, 300])
+@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+@pytest.mark.parametrize("implicit", [False, True])
+def test_solve_reads_packed_lower_triangles(backend, f, solver, implicit):
+    """The solve from packed sums (as the reductions add them up) gives exactly what it gives
+    from the same systems stored whole: G0, warm starts, rows that count no ratings; above
+    f = 256 on the GPU, cuSOLVER from systems unpacked a batch at a time."""
+    rng = np.random.default_rng()
+    n = 40
+    G = rng.standard_normal((n, f + 3, f)).astype(np.float32)
+    A = np.einsum("rki,rkj->rij", G, G).astype(np.float32)
+    counts = rng.integers(0, 9, n)
+    counts[:2] = 0
+    spec = UpdateSpec(0.1, implicit=implicit, solver=solver, cg_steps=3)
+    gram0 = backend.asarray((G[0].T @ G[0]).astype(np.float32)) if implicit else None
+    x0 = backend.asarray(rng.standard_normal((n, f)).astype(np.float32))
+    B = backend.asarray(rng.standard_normal((n, f)).astype(np.float32))
+    counts = backend.asarray(counts)
+
+    def solve(systems, packed):
+        X = backend.solve(systems, B, counts, spec, gram0=gram0, x0=x0, packed=packed)
+        return backend.to_host(X)
+
+    whole = solve(backend.asarray(A), False)
+    assert np.abs(whole).max() > 0 and (whole[:2] == 0).all()
+    np.testing.assert_array_equal(solve(backend.pack(backend.asarray(A)), True), whole)
 
 
 def test_pack_roundtrip(backend):

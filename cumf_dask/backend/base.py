@@ -15,6 +15,7 @@ Shapes, for a block of ``r`` rows and a fixed factor of ``c`` rows and ``f`` col
   with reg_u = lam * counts[u] (weighted) or lam: G0 and the regularization are added once,
   after any reduction. Rows with ``counts[u] == 0`` get a zero factor (never NaN). With the
   CG solver, ``spec.cg_steps`` steps from ``x0`` (zeros when None) replace the Cholesky.
+  ``packed=True``: A as ``pack`` lays it out (the reductions' sums), read as it is.
 * ``update(block, fixed, counts, spec, gram0=, x0=)``: hermitian then solve (p == 1).
 
 ``spec`` is an :class:`~.objective.UpdateSpec`, or a bare lambda for cuMF's explicit model
@@ -142,8 +143,11 @@ class Backend(ABC):
         *,
         gram0: Any = None,
         x0: Any = None,
+        packed: bool = False,
     ) -> Any:
-        """X from the reduced (A, B), adding gram0 and reg_u I; zero rows where counts == 0."""
+        """X from the reduced (A, B), adding gram0 and reg_u I; zero rows where counts == 0.
+        `packed`: A holds the lower triangles only (:meth:`pack`, as the reductions sum them),
+        which the solve reads as they are (no f x f copy of every system)."""
 
     def gram(self, fixed: Any) -> Any:
         """fixed^T fixed (f, f), accumulated in float32 (float64 on the host)."""

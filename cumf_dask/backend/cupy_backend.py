@@ -869,12 +869,14 @@ class CupyBackend(Backend):
         X: Any,
         gram0: Any = None,
         x0: Any = None,
+        packed: bool = False,
     ) -> None:
-        """X = (G0 + A + reg I)^-1 B row by row (A's lower triangle), 0 where counts == 0;
-        CG from x0 with spec.solver "cg".
+        """X = (G0 + A + reg I)^-1 B row by row (A's lower triangle; `packed`: A holds only
+        the lower triangles, as :meth:`pack` lays them out), 0 where counts == 0; CG from x0
+        with spec.solver "cg".
 
         counts: int64. Own kernels up to MAX_FUSED_F; above, cuSOLVER batched Cholesky or the
-        generic batched CG on CuPy arrays.
+        generic batched CG on CuPy arrays (packed A unpacked a batch at a time).
         """
         n, f = B.shape
         lam, weighted = np.float32(spec.lam), np.int32(spec.weighted)
@@ -882,12 +884,13 @@ class CupyBackend(Backend):
             threads, _ = launch_shape(padded_size(f))
             found = self._kernels(f, spec=spec)
             if spec.cg:
-                args = (A, B, np.int32(f), counts, lam, weighted, gram0, x0,
+                args = (A, np.int32(packed), B, np.int32(f), counts, lam, weighted, gram0, x0,
                         np.int32(spec.cg_steps), X)  # fmt: skip
                 found["cg_solve"]((n,), (threads,), args)
                 return
             blocks = -(-n // systems_per_block(padded_size(f)))
-            args = (A, B, np.int32(f), np.int64(n), counts, lam, weighted, gram0, X)
+            args = (A, np.int32(packed), B, np.int32(f), np.int64(n), counts, lam, weighted,
+                    gram0, X)  # fmt: skip
             found["solve"]((blocks,), (threads,), args)
             return
         import cupyx.lapack
@@ -899,7 +902,7 @@ class CupyBackend(Backend):
         step = max(1, BATCH_BYTES // (f * f * 4))
         for lo in range(0, rows.size, step):
             sel = rows[lo : lo + step]
-            M = A[sel]
+            M = self.unpack(A[sel], f) if packed else A[sel]
             if spec.cg:
                 M = symmetric(cp, M)
             if gram0 is not None:
@@ -1072,6 +1075,7 @@ class CupyBackend(Backend):
         *,
         gram0: Any = None,
         x0: Any = None,
+        packed: bool = False,
     ) -> Any:
         spec = as_spec(lam)
         if spec.implicit and gram0 is None:
@@ -1082,7 +1086,7 @@ class CupyBackend(Backend):
             X = cp.empty(B.shape, cp.float32)
             if B.shape[0]:
                 self._solve_all(A, B, self._counts(counts), spec, X, self._optional(gram0),
-                                self._optional(x0) if spec.cg else None)  # fmt: skip
+                                self._optional(x0) if spec.cg else None, packed)  # fmt: skip
             return X
 
     def update(

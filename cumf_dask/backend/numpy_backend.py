@@ -105,20 +105,21 @@ class NumpyBackend(Backend):
         *,
         gram0: Any = None,
         x0: Any = None,
+        packed: bool = False,
     ) -> np.ndarray:
         spec = as_spec(lam)
         if spec.implicit and gram0 is None:
             raise ValueError("the implicit model's solve needs gram0 (the fixed factor's Gram)")
         counts = np.asarray(counts)
         reg = regularization(np, counts, spec)
-        f = A.shape[-1]
+        f = B.shape[-1]
         X = np.zeros(B.shape, np.float32)
         rows = np.flatnonzero(counts > 0)
         diag = np.arange(f)
         G0 = None if gram0 is None else np.asarray(gram0, np.float64)
         for lo in range(0, rows.size, _SOLVE_CHUNK):
             chunk = rows[lo : lo + _SOLVE_CHUNK]
-            M = np.asarray(A[chunk], np.float64)
+            M = np.asarray(self.unpack(A[chunk], f) if packed else A[chunk], np.float64)
             if spec.cg:
                 M = symmetric(np, M)
             if G0 is not None:

@@ -488,7 +488,7 @@ class SUALSEngine:
                 x0 = self._warm(h, previous, lo + a, lo + b, target, tag)
                 fut = self.submit(
                     tasks.reduce_solve, self.counts(h, lo + a, lo + b, target), self.spec,
-                    h.f, self.backend, gram0, x0, self.plan.on_host(h.side), lo + a, *inputs,
+                    self.backend, gram0, x0, self.plan.on_host(h.side), lo + a, *inputs,
                     key=f"reduce-solve-{tag}", worker=target,
                 )  # fmt: skip
                 pieces.append((lo + a, lo + b, fut))

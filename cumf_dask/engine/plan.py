@@ -254,7 +254,9 @@ def _memory(
     device one part per use, or with `parts_outer` (each part copied in once) two parts
     (one in use, the next arriving), and the sums of all batches are held;
     `host_blocks` (R in host memory): a block copied ahead (:func:`staged`) is on the
-    device beside the one computing and the one before, whose kernels may still run."""
+    device beside the one computing and the one before, whose kernels may still run.
+    `fused` (the GPU's kernels): no f x f A at all; the fused update solves on chip, the
+    Gram kernels write packed sums and the solve reads them as they are."""
     rows = math.ceil(n_rows / q)
     block = math.ceil(nnz / (p * q)) * RATING_BYTES
     if p == 1 or (fixed_on_host and not parts_outer):
@@ -269,11 +271,13 @@ def _memory(
     }
     if host_blocks and staged(block):
         est["R blocks ahead"] = 2 * block
-    if not (fused and p == 1):
+    if not fused:  # the NumPy backend's Gram stores every row's f x f A (p > 1: then packs it)
         est["A"] = rows * f * f * BYTES
     if p > 1:
+        packed = (f * (f + 1) // 2 + f) * BYTES  # a row's partial (A, B)
         summed = n_rows if parts_outer else rows
-        est["partials"] = summed * (f * (f + 1) // 2 + f) * BYTES
+        est["partials"] = summed * packed
+        est["reduction"] = rows * packed  # a slice's inputs and their sum: about a batch's
     return est
 
 

@@ -245,7 +245,6 @@ def sum_partials(*partials: tuple[Any, Any]) -> tuple[Any, Any]:
 def reduce_solve(
     counts: Any,
     spec: UpdateSpec,
-    f: int,
     backend: str,
     gram0: Any,
     x0: Any,
@@ -253,11 +252,11 @@ def reduce_solve(
     row0: int,
     *partials: tuple[Any, Any],
 ) -> Any:
-    """Final reduction of one slice, then the solve (G0 and the regularization added here);
-    `host`, `row0`: as for :func:`update`."""
+    """Final reduction of one slice, then the solve from the packed sums as they are (G0
+    and the regularization added here); `host`, `row0`: as for :func:`update`."""
     be = get_backend(backend)
     A, B = sum_partials(*partials)
-    X = be.solve(be.unpack(A, f), B, counts, spec, gram0=gram0, x0=x0)
+    X = be.solve(A, B, counts, spec, gram0=gram0, x0=x0, packed=True)
     return _kept(be, X, host, row0)
 
 

@@ -150,11 +150,11 @@ __device__ __forceinline__ void cg_solve(float (&acc)[TILE][TILE], int ib, int j
 }
 
 // CG from A in memory (p > 1, after the reduction): block u loads system u (both triangles
-// of the diagonal tiles mirrored from A's lower one), adds G0 and reg_u, and runs cg_solve
-// from x0[u]. One system per block; zeros where counts[u] <= 0.
+// of the diagonal tiles mirrored from A's lower one, full or packed: lower_entry), adds G0
+// and reg_u, and runs cg_solve from x0[u]. One system per block; zeros where counts[u] <= 0.
 template <int F, int NT, int MINB>
 __global__ void __launch_bounds__(NT, MINB)
-    cg_solve_kernel(const float* __restrict__ A, const float* __restrict__ B, int f,
+    cg_solve_kernel(const float* __restrict__ A, int packed, const float* __restrict__ B, int f,
                     const long long* __restrict__ counts, float lam, int weighted,
                     const float* __restrict__ gram0, const float* __restrict__ x0, int steps,
                     float* __restrict__ X) {
@@ -167,7 +167,6 @@ __global__ void __launch_bounds__(NT, MINB)
     const bool active = threadIdx.x < Cfg<F>::NTRI;
     int ib = 0, jb = 0;
     if (active) tile_of(threadIdx.x, Cfg<F>::NTILE, ib, jb);
-    const float* Au = A + u * f * f;
     float acc[TILE][TILE];
 #pragma unroll
     for (int r = 0; r < TILE; ++r) {
@@ -177,7 +176,7 @@ __global__ void __launch_bounds__(NT, MINB)
             const int j = jb * TILE + c;
             float v = 0.0f;
             if (active && i < f && j < f) {
-                v = __ldg(Au + (long long)max(i, j) * f + min(i, j));
+                v = __ldg(lower_entry(A, packed, u, f, max(i, j), min(i, j)));
                 if (gram0 != nullptr) v += __ldg(gram0 + (long long)i * f + j);
             } else if (active && i == f && j < f) {
                 v = __ldg(B + u * f + j);

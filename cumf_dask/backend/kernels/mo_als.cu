@@ -123,6 +123,14 @@ __device__ __forceinline__ void tile_of(int t, int ntile, int& ib, int& jb) {
     ib = jb + t - i * (i + 1) / 2;
 }
 
+// Where entry (i, j), j <= i, of system u is in A: full f x f matrices, or (packed) their
+// lower triangles row by row, f (f + 1) / 2 floats per system (the reductions' layout).
+__device__ __forceinline__ const float* lower_entry(const float* A, int packed, long long u,
+                                                    int f, int i, int j) {
+    return packed ? A + u * (f * (f + 1) / 2) + i * (i + 1) / 2 + j
+                  : A + u * f * f + (long long)i * f + j;
+}
+
 // v[it] = the fixed-factor row that copy piece threadIdx.x + it * NT of a bin reads (PER
 // pieces per bin row, ratings [e0, e0 + nk)): all loaded before the first copy is issued.
 template <int ITERS, int NT, int PER>
@@ -605,13 +613,13 @@ __global__ void __launch_bounds__(NT, MINB)
 }
 
 // Batched solve of X[u] = (G0 + A[u] + reg_u I)^-1 B[u] for u < n (reg_u = lam counts[u]
-// when weighted, else lam; G0 when not null), reading A's lower triangle; zeros where
-// counts[u] <= 0. A block solves SYS systems (several when the tiles of one fill less than
-// a warp), thread group s = threadIdx.x / NTRI solving one.
+// when weighted, else lam; G0 when not null), reading A's lower triangle (full or packed:
+// lower_entry); zeros where counts[u] <= 0. A block solves SYS systems (several when the
+// tiles of one fill less than a warp), thread group s = threadIdx.x / NTRI solving one.
 template <int F, int NT, int MINB>
 __global__ void __launch_bounds__(NT, MINB)
-    solve_kernel(const float* __restrict__ A, const float* __restrict__ B, int f, long long n,
-                 const long long* __restrict__ counts, float lam, int weighted,
+    solve_kernel(const float* __restrict__ A, int packed, const float* __restrict__ B, int f,
+                 long long n, const long long* __restrict__ counts, float lam, int weighted,
                  const float* __restrict__ gram0, float* __restrict__ X) {
     constexpr int NTRI = Cfg<F>::NTRI, SYS = Cfg<F>::SYS;
     __shared__ CholSmem<F> sh[SYS];
@@ -623,7 +631,6 @@ __global__ void __launch_bounds__(NT, MINB)
         for (int j = t; j < f; j += NTRI) X[u * f + j] = 0.0f;
     int ib = 0, jb = 0;
     if (solve) tile_of(t, Cfg<F>::NTILE, ib, jb);
-    const float* Au = A + u * f * f;
     const float* Bu = B + u * f;
     float acc[TILE][TILE];
 #pragma unroll
@@ -634,7 +641,7 @@ __global__ void __launch_bounds__(NT, MINB)
             const int j = jb * TILE + c;
             float v = 0.0f;
             if (solve && i < f && j <= i) {
-                v = __ldg(Au + i * f + j);
+                v = __ldg(lower_entry(A, packed, u, f, i, j));
                 if (gram0 != nullptr) v += __ldg(gram0 + i * f + j);
             } else if (solve && i == f && j < f) {
                 v = __ldg(Bu + j);
