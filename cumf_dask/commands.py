@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .config import Config, GenerateConfig, load_config
-from .errors import ConfigError, StoreError
+from .errors import ConfigError
 from .output import Output, recommend_table, report_store, rmse_line
 
 QUICKSTART = Path(__file__).with_name("quickstart.yaml")
@@ -160,7 +160,6 @@ def cmd_train(args: argparse.Namespace, out: Output) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
-    from .data.store import RatingsStore
     from .evaluate import ranking_metrics
     from .model import ALS
     from .records import model_path
@@ -170,8 +169,7 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
     url = args.store or model.store_url_
     if not url:
         raise ConfigError(f"{args.model} names no training store: give the store to evaluate on")
-    store = RatingsStore.open(url)
-    _check_shape(model, store, url)
+    store = model._matching(url)
     if args.k > model.shape_[1]:
         out.log(f"k={args.k} is more than the {model.shape_[1]:,} items: ranking metrics at "
                 f"k={model.shape_[1]:,}")  # fmt: skip
@@ -195,16 +193,13 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
 
 
 def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
-    from .data.store import RatingsStore
     from .model import ALS
     from .records import model_path
 
     _check_k(args.k)
     model = ALS.load(model_path(args.model))
     store_url = args.store or model.store_url_
-    store = RatingsStore.open(store_url) if store_url else None
-    if store is not None:
-        _check_shape(model, store, store_url)
+    store = model._matching(store_url) if store_url else None
     user, n = _user_id(args.user, model), model.shape_[1]
     if getattr(model, "implicit", False):
         items, scores = model.recommend(  # type: ignore[call-arg]
@@ -233,15 +228,6 @@ def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
 def _check_k(k: int) -> None:
     if k < 1:
         raise ConfigError(f"-k must be at least 1, got {k}")
-
-
-def _check_shape(model: Any, store: Any, url: str) -> None:
-    """The store must be the one the model was trained on (same m and n)."""
-    if (store.m, store.n) != model.shape_:
-        raise StoreError(
-            f"{url} is {store.m:,} x {store.n:,} but the model is "
-            f"{model.shape_[0]:,} x {model.shape_[1]:,}: use the store it was trained on"
-        )
 
 
 def _user_id(text: str, model: Any) -> Any:

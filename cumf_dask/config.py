@@ -5,13 +5,16 @@ Every error names the file, the dotted key and what is allowed, e.g.::
     configs/x.yaml: unknown key 'model.factor' (did you mean 'factors'?); allowed: factors, ...
 
 One namespace, one schema: the dataclasses below *are* the schema; ``configs/reference.yaml``
-documents every key with a comment.
+documents every key with a comment. Files and ``--set`` values are read alike: ``1e-3`` is a
+number (as in YAML 1.2), a key repeated in a mapping and an empty file are errors.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -22,8 +25,15 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
-from .checks import check_fraction, check_number, check_positive_int, check_scale
+from .checks import (
+    check_choice,
+    check_fraction,
+    check_number,
+    check_positive_int,
+    check_scale,
+)
 from .data.duplicates import DuplicatePolicy
+from .data.formats import FORMATS
 from .data.hashing import SplitKind
 from .errors import ConfigError
 
@@ -32,6 +42,8 @@ BackendName = Literal["auto", "numpy", "cupy"]
 Protocol = Literal["auto", "tcp", "ucx"]
 BlockTier = Literal["auto", "device", "host", "store"]
 FactorTier = Literal["auto", "device", "host"]
+# bytes ("6GB", "512MiB", 6000000000) or, where a key says so, a share ("50%", 0.5)
+Size = str | int | float
 
 
 @dataclass
@@ -127,7 +139,7 @@ class PlanConfig:
     q: int | None = None
     x: HalfStepConfig = field(default_factory=HalfStepConfig)  # update-X overrides
     theta: HalfStepConfig = field(default_factory=HalfStepConfig)  # update-Theta overrides
-    memory_budget: str | None = None  # per worker: "12GB", "0.8" (fraction), None: from workers
+    memory_budget: Size | None = None  # per worker: "12GB", "50%", 0.5 (share); None: all of it
     # where the rating blocks live between half-steps: device (worker memory: GPU on GPU
     # workers), host (pinned host memory of GPU workers, copied over per half-step), store
     # (read again every half-step); auto: the first of these that fits
@@ -139,7 +151,7 @@ class PlanConfig:
     factors: FactorTier = "auto"
     reduction: Reduction = "scatter"  # p > 1: reduce-scatter, two-phase, or one (baseline)
     groups: list[list[int]] | None = None  # worker groups for the two-phase reduction
-    headroom: str = "10%"  # per-worker memory kept free (epsilon in the paper)
+    headroom: Size = "10%"  # per-worker memory kept free (epsilon in the paper)
 
 
 @dataclass
@@ -153,7 +165,7 @@ class ClusterConfig:
     # local CPU workers as processes (true), as threads of this process (false), or auto:
     # threads for problems up to engine.cluster.IN_PROCESS_MAX_NNZ ratings, else processes
     processes: bool | Literal["auto"] = "auto"
-    memory_limit: str | None = None  # host memory per local worker (CPU or GPU), e.g. "4GB"
+    memory_limit: Size | None = None  # host memory per local worker (CPU or GPU), e.g. "4GB"
     devices: list[int] | None = None  # GPUs to use (CUDA_VISIBLE_DEVICES), None: all
     rmm_pool_size: str | None = None  # e.g. "20GB": RMM pool per GPU worker; None: 4GB over UCX
     protocol: Protocol = "auto"  # transport between local GPU workers; auto: UCX if it can
@@ -183,6 +195,82 @@ class Config:
         return dataclasses.asdict(self)
 
 
+# ----------------------------------------------------------------------------- sizes
+
+
+_UNITS = {
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "b": 1,
+}
+_SIZE_FORMS = "bytes (6000000000), '6GB', '512MiB'"
+
+
+def read_size(text: str | int | float) -> tuple[float, bool]:
+    """(number, share): a share of some total from ``"10%"`` or a bare number in (0, 1]
+    (``0.8``, ``"0.8"``), else bytes (``"12GB"``, ``"512MiB"``, ``4096``)."""
+    s = str(text).strip().lower().replace(" ", "")
+    number, mult, div, share = s, 1, 1, None  # None: a bare number, a share if in (0, 1]
+    if isinstance(text, bool):
+        number = ""
+    elif s.endswith("%"):
+        number, div, share = s[:-1], 100, True
+    else:
+        for suffix, size in _UNITS.items():
+            if s.endswith(suffix):
+                number, mult, share = s[: -len(suffix)], size, False
+                break
+    try:
+        value = float(number) * mult / div
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ConfigError(
+            f"size {text!r} not understood; use {_SIZE_FORMS}, or a share '10%' or fraction 0.1"
+        )
+    return value, (0 < value <= 1) if share is None else share
+
+
+def parse_size(text: str | int | float | None, total: int | None = None) -> int | None:
+    """Bytes from ``"12GB"``, ``"512MiB"``, ``"10%"``, a fraction ``0.8`` of `total`, or an int."""
+    if text is None:
+        return None
+    value, share = read_size(text)
+    if value < 0:
+        raise ConfigError(f"size {text!r} is negative; use {_SIZE_FORMS}")
+    if share:
+        if total is None:
+            raise ConfigError(f"size {text!r} is a share but no total is known; use {_SIZE_FORMS}")
+        return int(value * total)
+    return int(value)
+
+
+def check_size(key: str, value: Any, *, of: str | None = None, free: bool = False) -> None:
+    """A size key: bytes >= 1, or a share in (0, 100%] of `of` (None: no share allowed).
+
+    `free`: memory kept free, so 0 is allowed and 100% is not.
+    """
+    forms = _SIZE_FORMS + (f", or a share of {of}: '50%' or 0.5" if of else "")
+    try:
+        number, share = read_size(value)
+    except ConfigError:
+        raise ConfigError(f"'{key}' must be a size: {forms}; got {value!r}") from None
+    low = "0 or more" if free else "positive"
+    if number < 0 or (number == 0 and not free) or (not share and 0 < number < 1):
+        raise ConfigError(f"'{key}' must be {low}, got {value!r}; use {forms}")
+    if share and of is None:
+        raise ConfigError(f"'{key}' must be a size in bytes, got {value!r}; use {forms}")
+    if share and (number > 1 or (free and number == 1)):
+        top = "below 100% (1.0)" if free else "at most 100% (1.0)"
+        raise ConfigError(f"'{key}' is a share of {of}: it must be {top}, got {value!r}")
+
+
 # ----------------------------------------------------------------------------- loading
 
 
@@ -204,9 +292,14 @@ def load_config(
         if not p.is_file():
             raise ConfigError(f"{source}: config file not found (give an existing YAML file)")
         try:
-            raw = yaml.safe_load(p.read_text()) or {}
+            raw = read_yaml(p.read_text(), source)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        if raw is None:
+            raise ConfigError(
+                f"{source}: empty config file; give the sections to set (data, model, plan, "
+                "cluster, output: every key is in configs/reference.yaml)"
+            )
     if data is not None:
         raw = _merge(raw, data)
     if not isinstance(raw, dict):
@@ -219,6 +312,60 @@ def load_config(
         config = _build(Config, raw, where, "")
         _check_ranges(config, where)
     return config
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``1e-3``, ``1E5`` and ``2.0e3`` as floats.
+
+    YAML 1.1 (PyYAML) wants a dot and a signed exponent (``1.0e-3``) and reads the rest as
+    strings; YAML 1.2 and Python read them all as numbers, and so does a config.
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def read_yaml(text: str, source: str, prefix: str = "") -> Any:
+    """The YAML document in `text` (None if it has none), refusing a key repeated in a mapping.
+
+    PyYAML keeps the last of repeated keys silently; in a config that hides an edit.
+    `prefix` is the dotted key the document sits at (``--set plan.x={...}``).
+    """
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_repeated_keys(node, source, prefix, set())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _refuse_repeated_keys(node: yaml.Node, source: str, prefix: str, seen: set[int]) -> None:
+    """Raise a ConfigError naming the dotted key and its lines if a mapping repeats a key."""
+    if id(node) in seen:  # an alias of a node already walked
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_repeated_keys(item, source, f"{prefix.rstrip('.')}[{i}].", seen)
+    elif isinstance(node, yaml.MappingNode):
+        lines: dict[str, int] = {}
+        for key, value in node.value:
+            line = key.start_mark.line + 1
+            if isinstance(key, yaml.ScalarNode):
+                if key.value in lines:
+                    raise ConfigError(
+                        f"{source}: duplicate key '{prefix}{key.value}' on line {line} (first "
+                        f"on line {lines[key.value]}); keep one of them"
+                    )
+                lines[key.value] = line
+            _refuse_repeated_keys(value, source, f"{prefix}{key.value}.", seen)
 
 
 def _at_least(low: float, inclusive: bool = True) -> Callable[[str, Any], None]:
@@ -247,6 +394,10 @@ _RANGES: dict[str, Callable[[str, Any], None]] = {
     "data.generate.scale": _at_least(0, inclusive=False),
     "data.generate.rank": check_positive_int,
     "data.generate.noise": _at_least(0),
+    "data.ingest.format": partial(check_choice, allowed=FORMATS),
+    "plan.memory_budget": partial(check_size, of="the worker's memory"),
+    "plan.headroom": partial(check_size, of="the budget", free=True),
+    "cluster.memory_limit": check_size,  # no share: the cluster reads it as bytes
 }
 
 
@@ -277,8 +428,8 @@ def _parse_override(item: str, source: str) -> dict[str, Any]:
     if "=" not in item:
         raise ConfigError(f"{source}: override {item!r} must look like section.key=value")
     key, _, text = item.partition("=")
-    try:
-        value = yaml.safe_load(text)
+    try:  # read as a config file reads it: the same numbers, no repeated keys
+        value = read_yaml(text, source, key.strip() + ".")
     except yaml.YAMLError:
         value = text
     node: dict[str, Any] = {}
@@ -380,7 +531,10 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
 def _describe(tp: Any) -> str:
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
-        return " or ".join(_describe(a) for a in get_args(tp))
+        args = get_args(tp)
+        if float in args:  # "a number" covers the integers
+            args = tuple(a for a in args if a is not int)
+        return " or ".join(_describe(a) for a in args)
     if origin is list:
         return f"a list of {_plural(get_args(tp)[0])}"
     if origin is Literal:
@@ -398,42 +552,3 @@ def _plural(tp: Any) -> str:
     if get_origin(tp) in (Union, types.UnionType):
         return " or ".join(_plural(a) for a in get_args(tp))
     return {int: "integers", float: "numbers", str: "strings", bool: "booleans"}.get(tp, str(tp))
-
-
-def parse_size(text: str | int | float | None, total: int | None = None) -> int | None:
-    """Bytes from ``"12GB"``, ``"512MiB"``, ``"10%"``, a fraction ``0.8`` of `total`, or an int."""
-    if text is None:
-        return None
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value = float(text)
-        if 0 < value <= 1 and total is not None:
-            return int(value * total)
-        return int(value)
-    s = str(text).strip().lower().replace(" ", "")
-    if s.endswith("%"):
-        if total is None:
-            raise ConfigError(f"size {text!r} is a percentage but no total is known")
-        return int(float(s[:-1]) / 100 * total)
-    units = {
-        "kib": 2**10,
-        "mib": 2**20,
-        "gib": 2**30,
-        "tib": 2**40,
-        "kb": 10**3,
-        "mb": 10**6,
-        "gb": 10**9,
-        "tb": 10**12,
-        "b": 1,
-    }
-    for suffix, mult in units.items():
-        if s.endswith(suffix):
-            try:
-                return int(float(s[: -len(suffix)]) * mult)
-            except ValueError:
-                break
-    try:
-        return parse_size(float(s), total)
-    except ValueError:
-        raise ConfigError(
-            f"size {text!r} not understood; use bytes, '12GB', '512MiB', '10%' or a fraction"
-        ) from None

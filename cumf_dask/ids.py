@@ -23,6 +23,8 @@ class IdMap:
     def indices(self, ids: Any) -> np.ndarray:
         """Dense int64 indices of own ids; an id that is not there is a ConfigError."""
         ids = np.atleast_1d(np.asarray(ids))
+        if ids.ndim > 1:
+            raise ConfigError(f"{self.noun} ids must be a 1-d list or array, got shape {ids.shape}")
         if self.labels is None:
             whole = ids.dtype.kind in "iu" or (
                 ids.dtype.kind == "f" and bool((ids == np.floor(ids)).all())

@@ -136,8 +136,12 @@ class ALS:
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        """Everything but the live cluster state, the temporary store folder and id lookups."""
-        drop = ("_session", "_tmp", "_maps")
+        """Everything but the live cluster state, the temporary store folder (and the store
+        in it, which goes with this model: a copy needs ``store=`` to exclude seen items)
+        and id lookups."""
+        drop = ("_session", "_tmp", "_maps", "_matched")
+        if getattr(self, "_tmp", None) is not None:
+            drop += ("_store",)
         return {k: v for k, v in self.__dict__.items() if k not in drop}
 
     # ------------------------------------------------------------------ fitting
@@ -192,6 +196,7 @@ class ALS:
         check_number("factors", self.factors, 1, integer=True)
         check_number("regularization", self.regularization, 0, low_inclusive=False)
         check_number("iterations", self.iterations, 0, integer=True)
+        check_number("seed", self.seed, 0, integer=True)
         check_choice("precision", self.precision, PRECISIONS)
         self._params().spec()  # checks the solver and its options
 
@@ -226,6 +231,7 @@ class ALS:
 
     def _fit(self, store: RatingsStore, client: Any, backend: str, resume: bool) -> None:
         params = self._params()
+        ids = store.ids("rows"), store.ids("cols")  # read (and checked) before training
         result = fit(
             client, store, params, backend, plan_config=self.plan, evaluate=self.evaluate,
             checkpoint_dir=self.checkpoint_dir, resume=resume, callbacks=self.callbacks,
@@ -235,8 +241,8 @@ class ALS:
         self.metrics_: list[dict[str, Any]] = result.metrics
         self.iterations_done_ = result.iterations_done
         self.shape_ = (store.m, store.n)
-        self.user_ids_: np.ndarray | None = store.ids("rows")
-        self.item_ids_: np.ndarray | None = store.ids("cols")
+        self.user_ids_: np.ndarray | None = ids[0]
+        self.item_ids_: np.ndarray | None = ids[1]
         self._maps: dict[str, IdMap] = {}
         self.user_factors_, self.item_factors_ = result.factors
         self._store = store
@@ -290,8 +296,12 @@ class ALS:
 
     def predict_indices(self, users: Any, items: Any) -> np.ndarray:
         """Predicted ratings x_u . theta_v for dense row/column indices (pairs)."""
-        users = np.asarray(users, np.int64)
-        items = np.asarray(items, np.int64)
+        users = self._as_indices(users, "user")
+        items = self._as_indices(items, "item")
+        if users.size != items.size:
+            raise ConfigError(
+                f"predict takes (user, item) pairs: {users.size} users but {items.size} items"
+            )
         self._check_indices(users, items)
         be = get_backend("numpy")
         return be.predict(self.user_factors_, self.item_factors_, users, items)
@@ -299,11 +309,20 @@ class ALS:
     def rmse(self, data: RatingsStore | str | tuple, kind: str = "test") -> float:
         """RMSE on a store's held-out ("test") or training ("train") ratings, or on
         (users, items, ratings) arrays in the data's own ids."""
+        check_choice("kind", kind, ("test", "train"))
         if isinstance(data, tuple):
-            vals = np.asarray(data[2])
-            chunks = [(self.user_indices(data[0]), self.item_indices(data[1]), vals)]
+            vals = np.asarray(data[2], np.float64)
+            if not np.isfinite(vals).all():
+                raise ConfigError("rmse: the ratings must be finite numbers (NaN or inf given)")
+            rows, cols = self.user_indices(data[0]), self.item_indices(data[1])
+            if not rows.size == cols.size == vals.size:
+                raise ConfigError(
+                    f"rmse takes (users, items, ratings) of one length: {rows.size}, "
+                    f"{cols.size}, {vals.size}"
+                )
+            chunks = [(rows, cols, vals)]
         else:
-            store = data if isinstance(data, RatingsStore) else RatingsStore.open(str(data))
+            store = self._matching(data if isinstance(data, RatingsStore) else str(data))
             chunks = store.iter_bands("row", "test" if kind == "test" else "train")
         total, count = 0.0, 0
         be = get_backend("numpy")
@@ -349,21 +368,13 @@ class ALS:
         `k` must be an integer >= 1. A `k` above the number of items n is clamped to n (with
         a CumfWarning). A user with fewer than k items left to recommend (the others seen in
         training) gets them all, then item -1 with score -inf in the remaining places (as
-        ImplicitALS does): -1 never matches an item, and no real score is -inf.
+        ImplicitALS does): no real score is -inf, so the score tells an empty place from an
+        item whose own id is -1 (:meth:`recommend`; as a dense index -1 is never an item).
         """
-        k = int(k) if isinstance(k, np.integer) else k
-        check_number("k", k, 1, integer=True)
+        k = self._top_k(k, self.item_factors_.shape[0])
         check_number("batch", batch, 1, integer=True)
-        users = np.asarray(users, np.int64)
+        users = self._as_indices(users, "user")
         self._check_indices(users, np.zeros(0, np.int64))
-        n = self.item_factors_.shape[0]
-        if k > n:
-            warnings.warn(
-                f"k={k} is more than the {n:,} items: returning {n:,} per user",
-                CumfWarning,
-                stacklevel=2,
-            )
-            k = n
         if exclude_seen:
             store = store if store is not None else getattr(self, "_store", None)
             store = store if store is not None else getattr(self, "store_url_", None)
@@ -372,8 +383,7 @@ class ALS:
                     "recommend(exclude_seen=True) needs the rating store: pass store=, or "
                     "exclude_seen=False"
                 )
-            if isinstance(store, str):
-                store = RatingsStore.open(store)
+            store = self._matching(store)
         else:
             store = None
         chunks = [users[lo : lo + batch] for lo in range(0, len(users), batch)]
@@ -388,6 +398,60 @@ class ALS:
         if not results:
             return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
         return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
+
+    @staticmethod
+    def _top_k(k: Any, n: int, noun: str = "items", per: str = "user") -> int:
+        """`k` checked (an integer >= 1) and clamped to the `n` `noun` there are to rank for
+        each `per`, with a CumfWarning."""
+        k = int(k) if isinstance(k, np.integer) else k
+        check_number("k", k, 1, integer=True)
+        if k > n:
+            warnings.warn(
+                f"k={k} is more than the {n:,} {noun}: returning {n:,} per {per}",
+                CumfWarning,
+                stacklevel=3,
+            )
+        return min(k, n)
+
+    @staticmethod
+    def _as_indices(values: Any, noun: str) -> np.ndarray:
+        """Dense indices as int64: whole numbers in a 1-d list or array, else a ConfigError
+        (a float is not truncated, a nested list is not ranked row by row)."""
+        arr = np.asarray(values)
+        if arr.ndim > 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise ConfigError(
+                f"{noun} indices must be a 1-d list or array of integers, got "
+                f"{arr.dtype} of shape {arr.shape}"
+            )
+        return arr.astype(np.int64).reshape(-1)
+
+    def _matching(self, store: RatingsStore | str) -> RatingsStore:
+        """`store` (opened if a path) when it holds this model's data: its shape, and its
+        user and item ids in the model's rows. Scores and seen items pair the store's rows
+        with the model's by position, so a store built again from the data in another order
+        (ids numbered otherwise) would give wrong answers without this check."""
+        store = RatingsStore.open(store) if isinstance(store, str) else store
+        matched = self.__dict__.setdefault("_matched", set())
+        if store.url in matched:
+            return store
+        if (store.m, store.n) != self.shape_:
+            raise StoreError(
+                f"{store.url} is {store.m:,} x {store.n:,} but the model is "
+                f"{self.shape_[0]:,} x {self.shape_[1]:,}: use the store it was trained on"
+            )
+        for noun, axis in (("user", "rows"), ("item", "cols")):
+            ours, theirs = self._map(noun).labels, store.ids(axis)
+            row = _first_difference(ours, theirs, store.m if axis == "rows" else store.n)
+            if row is not None:
+                there, here = (row if a is None else a[row].item() if isinstance(a[row], np.generic)
+                               else a[row] for a in (theirs, ours))  # fmt: skip
+                raise StoreError(
+                    f"{store.url} numbers its {noun}s otherwise than the model ({noun} "
+                    f"{there!r} at row {row} there, {here!r} in the model): use the store the "
+                    "model was trained on"
+                )
+        matched.add(store.url)
+        return store
 
     def _check_indices(self, users: np.ndarray, items: np.ndarray) -> None:
         self._check_fitted()
@@ -456,3 +520,17 @@ class ALS:
         model.store_url_ = attrs.get("store")
         model._maps = {}
         return model
+
+
+def _first_difference(ours: np.ndarray | None, theirs: np.ndarray | None, size: int) -> int | None:
+    """The first row whose id differs between two id arrays of `size` rows (None: the ids are
+    the indices), or None when they agree (numbers with numbers, text with text)."""
+    ours = np.arange(size) if ours is None else np.asarray(ours)
+    theirs = np.arange(size) if theirs is None else np.asarray(theirs)
+    text = [a.dtype.kind in "OUS" for a in (ours, theirs)]
+    if text[0] != text[1]:
+        return 0
+    if text[0]:
+        ours, theirs = ours.astype(str), theirs.astype(str)
+    differ = np.flatnonzero(ours != theirs)
+    return int(differ[0]) if differ.size else None

@@ -357,6 +357,7 @@ def _train(
     if cleared:
         log(cleared)
     model.save(run.model)
+    run.make_latest(config)
     plot = run.plot(model.metrics_, f"{config.output.name}: {store.m:,} x {store.n:,}, "
                                     f"f={config.model.factors}")  # fmt: skip
     last = model.metrics_[-1] if model.metrics_ else {}

@@ -1,8 +1,9 @@
 """Run folders: resolved config, plan, per-iteration metrics (JSON lines), model, RMSE plot.
 
-Every new run of a config also points ``<output.dir>/<output.name>-latest`` at its folder (a
-relative symlink, replaced atomically), so ``runs/netflix-latest`` names the newest Netflix
-run whatever its timestamp; commands that take a model take a run folder too.
+Every run of a config that saves its model also points ``<output.dir>/<output.name>-latest``
+at its folder (a relative symlink, replaced atomically), so ``runs/netflix-latest`` names the
+newest Netflix model whatever its timestamp; commands that take a model take a run folder
+too.
 """
 
 from __future__ import annotations
@@ -40,8 +41,12 @@ class RunFolder:
             n += 1
             path = base.with_name(f"{base.name}-{n}")
         path.mkdir(parents=True)
-        link_latest(path, cls.latest_link(config))
         return cls(path)
+
+    def make_latest(self, config: Config) -> None:
+        """Point ``<output.name>-latest`` here: once the model is saved, so a run that
+        fails never takes the link from the last good one."""
+        link_latest(self.path, self.latest_link(config))
 
     @staticmethod
     def latest_link(config: Config) -> Path:

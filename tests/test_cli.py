@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,18 @@ def inproc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
         os.chdir(here)
     assert code == 0, f"exit {code}\n{out.getvalue()}\n{err.getvalue()}"
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def test_a_failed_train_leaves_latest_on_the_last_model(flow, work):
+    """A run that fails (here: a damaged store) keeps its folder but not the -latest link."""
+    before = (work / "runs" / "tiny-latest").resolve()
+    bad = work / "bad.zarr"
+    shutil.copytree(work / "data" / "ratings.zarr", bad)
+    next((bad / "by_row").rglob("val/c/*")).unlink()
+    cli(work, "train", "tiny.yaml", "--set", "data.source=store", "--set", "data.store=bad.zarr",
+        "--quiet", code=3)  # fmt: skip
+    assert (work / "runs" / "tiny-latest").resolve() == before
+    assert (before / "model.zarr").is_dir()
 
 
 def test_plan_ingests_the_store_and_prints_the_plan(flow, work):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from cumf_dask.commands import QUICKSTART
-from cumf_dask.config import Config, load_config, parse_size
+from cumf_dask.config import Config, load_config, parse_size, read_yaml
 from cumf_dask.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -158,6 +158,10 @@ def test_overrides_without_a_file():
         (0.8, 1000, 800),
         ("0.25", 1000, 250),
         ("4096", None, 4096),
+        (1, 1000, 1000),  # a number in (0, 1] is a share
+        (10**9, 10**12, 10**9),
+        ("1e9", None, 10**9),
+        ("0", None, 0),
     ],
 )
 def test_parse_size(text, total, expected):
@@ -166,7 +170,13 @@ def test_parse_size(text, total, expected):
 
 @pytest.mark.parametrize(
     ("text", "total", "message"),
-    [("10%", None, "is a percentage but no total"), ("lots", None, "not understood")],
+    [
+        ("10%", None, "is a share but no total"),
+        (0.5, None, "is a share but no total"),  # not 0 bytes
+        ("lots", None, "not understood"),
+        ("nan", None, "not understood"),
+        ("-5GB", None, "is negative"),
+    ],
 )
 def test_parse_size_errors(text, total, message):
     with pytest.raises(ConfigError, match=message):
@@ -186,3 +196,107 @@ def test_parse_size_errors(text, total, message):
 def test_out_of_range_values_are_config_errors(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=[override])
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1e-3", 0.001), ("1E5", 1e5), ("-2.5e+3", -2500.0), ("2.0e3", 2000.0), (".5e1", 5.0)],
+)
+def test_scientific_notation_is_a_number(text, expected):
+    """YAML 1.1 reads 1e-3 (no dot, or no exponent sign) as a string; a config reads a float."""
+    assert read_yaml(f"x: {text}", "<test>") == {"x": expected}
+    assert read_yaml(f"x: '{text}'", "<test>") == {"x": text}  # quoted: a string still
+    assert read_yaml("x: [1e, e5, 1e5x, 1_000]", "<test>") == {"x": ["1e", "e5", "1e5x", 1000]}
+
+
+def test_scientific_notation_in_files_and_overrides(tmp_path):
+    text = "model:\n  regularization: 1e-3\ndata:\n  ingest:\n    rating_min: -1E2\n"
+    path = write(tmp_path, text)
+    config = load_config(path)
+    assert config.model.regularization == 0.001 and config.data.ingest.rating_min == -100.0
+    config = load_config(path, overrides=["model.regularization=2e-2", "model.alpha=4E1"])
+    assert config.model.regularization == 0.02 and config.model.alpha == 40.0
+
+
+@pytest.mark.parametrize(
+    ("value", "total", "expected"),
+    [
+        ("0.5", 8000, 4000),
+        (0.5, 8000, 4000),
+        ("50%", 8000, 4000),
+        (1, 8000, 8000),  # 1: all of it
+        ("100%", 8000, 8000),
+        (1000, 8000, 1000),  # a number above 1: bytes
+        ("1e3", 8000, 1000),
+        ("6GB", 8000, 6 * 10**9),
+    ],
+)
+def test_memory_budget_is_a_size_or_a_share(value, total, expected):
+    config = load_config(overrides=[f"plan.memory_budget={value}"])
+    assert parse_size(config.plan.memory_budget, total) == expected
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("plan.memory_budget=-5GB", r"'plan\.memory_budget' must be positive, got '-5GB'"),
+        ("plan.memory_budget=0%", r"'plan\.memory_budget' must be positive, got '0%'"),
+        ("plan.memory_budget=0", r"'plan\.memory_budget' must be positive, got 0"),
+        ("plan.memory_budget=-0.5", r"'plan\.memory_budget' must be positive, got -0\.5"),
+        ("plan.memory_budget=150%", r"'plan\.memory_budget' is a share .* at most 100%"),
+        ("plan.memory_budget=abc", r"'plan\.memory_budget' must be a size: bytes .*got 'abc'"),
+        ("plan.memory_budget=[1]", r"'plan\.memory_budget' must be a string or a number or null"),
+        ("plan.headroom=-10%", r"'plan\.headroom' must be 0 or more, got '-10%'"),
+        ("plan.headroom=100%", r"'plan\.headroom' is a share of the budget: .* below 100%"),
+        ("cluster.memory_limit=-4GB", r"'cluster\.memory_limit' must be positive"),
+        ("cluster.memory_limit=0GB", r"'cluster\.memory_limit' must be positive"),
+        ("cluster.memory_limit=50%", r"'cluster\.memory_limit' must be a size in bytes"),
+        ("cluster.memory_limit=0.5", r"'cluster\.memory_limit' must be a size in bytes"),
+    ],
+)
+def test_bad_sizes_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=re.escape(f"--set {override}: ") + message):
+        load_config(overrides=[override])
+
+
+def test_good_sizes_of_other_keys():
+    config = load_config(
+        overrides=["plan.headroom=0", "plan.headroom=0.2", "cluster.memory_limit=4000000000"]
+    )
+    assert config.plan.headroom == 0.2 and config.cluster.memory_limit == 4_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("model:\n  factors: 4\n  factors: 8\n", r"'model\.factors' on line 3 \(first on line 2\)"),
+        ("model: {}\nplan: {}\nmodel:\n  factors: 8\n", r"'model' on line 3 \(first on line 1\)"),
+        ("plan:\n  groups:\n  - {a: 1, a: 2}\n", r"'plan\.groups\[0\]\.a' on line 3"),
+    ],
+)
+def test_duplicate_keys_are_refused(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: duplicate key ") + message):
+        load_config(path)
+
+
+def test_duplicate_keys_in_an_override():
+    message = r"--set plan\.x=\{p: 1, p: 2\}: duplicate key 'plan\.x\.p'"
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=["plan.x={p: 1, p: 2}"])
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# nothing set\n", "---\n", "null\n"])
+def test_an_empty_file_is_refused(tmp_path, text):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: empty config file")):
+        load_config(path)
+
+
+def test_ingest_format_is_checked_at_load(tmp_path):
+    path = write(tmp_path, "data:\n  source: ingest\n  ingest:\n    format: csvv\n")
+    message = r"'data\.ingest\.format' must be one of 'csv', 'tsv', .*'parquet', got 'csvv'"
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + ": " + message):
+        load_config(path)
+    config = load_config(overrides=["data.ingest.format=netflix"])
+    assert config.data.ingest.format == "netflix"

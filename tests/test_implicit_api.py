@@ -16,7 +16,7 @@ from reference import implicit_half_step
 
 from cumf_dask.cli import main
 from cumf_dask.data.spill import build_store
-from cumf_dask.errors import ConfigError, StoreError
+from cumf_dask.errors import ConfigError, CumfWarning, StoreError
 from cumf_dask.implicit import ImplicitALS, ranking_metrics_at_k, train_test_split
 from cumf_dask.implicit.metrics import _metrics
 from cumf_dask.model import ALS
@@ -96,11 +96,41 @@ def test_recalculate_user_folds_in_without_refitting(fitted):
     scipy = pytest.importorskip("scipy.sparse")
     matrix = scipy.csr_matrix((v, (r - 7, c)), shape=(2, N))
     np.testing.assert_allclose(model.recalculate_user(matrix), X, rtol=1e-6)
-    top, _ = model.recommend([100, 101], k=3, user_items=matrix, recalculate_user=True)
+    top, _ = model.recommend(["new-a", "new-b"], k=3, user_items=matrix, recalculate_user=True)
     expect = np.argsort(-(X @ model.item_factors_.T), axis=1, kind="stable")
     for row in range(2):
         liked = set(c[r - 7 == row].tolist())
         np.testing.assert_array_equal(top[row], [i for i in expect[row] if i not in liked][:3])
+
+
+def test_k_users_and_items_are_checked(fitted):
+    """k an integer >= 1 (clamped to n with a note), indices in range, as ALS checks them."""
+    model, _ = fitted
+    for method in (model.recommend, model.similar_items, model.similar_users):
+        for k in (0, -2, 2.5, True, "3"):
+            with pytest.raises(ConfigError, match="'k' must be"):
+                method([1], k=k)
+    with pytest.warns(CumfWarning, match=f"more than the {N} items"):
+        top, _ = model.recommend([1], k=N + 5, filter_already_liked_items=False)
+    assert top.shape == (1, N)
+    for users, items in (([-1], None), ([M], None), ([0], [-1, 3]), ([0], [N])):
+        with pytest.raises(ConfigError, match="out of range"):
+            model.recommend_indices(users, 3, items=items, filter_already_liked_items=False)
+
+
+def test_methods_run_here_once_the_fit_client_is_closed():
+    """After the client's `with` block the model uses its host copy (README)."""
+    from distributed import Client, LocalCluster
+
+    rows, cols, vals = random_ratings(30, 20, 0.3, seed=8)
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:  # fmt: skip
+        model = ImplicitALS(3, 0.1, 1.0, 2, backend="numpy")
+        model.fit((rows, cols, np.round(vals), (30, 20)), client=client)
+        open_top = model.recommend([0, 1], k=3)
+    np.testing.assert_array_equal(model.recommend([0, 1], k=3)[0], open_top[0])
+    assert model.similar_items([2], k=2)[0].shape == (1, 2)
+    assert model.recalculate_user(([0], [4], [1.0])).shape == (1, 3)
 
 
 def test_batches_on_the_workers_match_local(fitted):
@@ -198,6 +228,28 @@ def test_ranking_metrics_match_their_definitions(fitted):
         assert got[key] == pytest.approx(value, rel=1e-9), key
     arrays = ranking_metrics_at_k(model, (test_r, test_c), k, train=(train_r, train_c))
     assert arrays == pytest.approx(got)
+
+
+def test_ranking_metrics_take_the_data_own_ids(client2):
+    """Arrays given to the metrics are in the ids the model was fitted with, like every
+    other method's (mapped ids here, where dense indices would score other users)."""
+    rows, cols, vals = random_ratings(60, 30, 0.25, seed=12)
+    (tr, tc, tv), (sr, sc, _) = train_test_split(rows, cols, np.round(vals), 0.25, seed=2)
+    seen = np.isin(sc, tc)  # held-out items the model knows
+    users, items = tr * 7 + 1000, tc * 3 + 500  # own ids, not indices
+    model = ImplicitALS(3, 0.1, 1.0, 3, backend="numpy").fit((users, items, tv), client=client2)
+    got = ranking_metrics_at_k(model, (sr[seen] * 7 + 1000, sc[seen] * 3 + 500), 5,
+                               train=(users, items))  # fmt: skip
+    dense = (model.user_indices(users), model.item_indices(items))
+    ref = _reference_metrics(model.user_factors_, model.item_factors_,
+                             list(zip(*dense, strict=True)),
+                             list(zip(model.user_indices(sr[seen] * 7 + 1000),
+                                      model.item_indices(sc[seen] * 3 + 500), strict=True)),
+                             5, model.item_factors_.shape[0])  # fmt: skip
+    for key, value in ref.items():
+        assert got[key] == pytest.approx(value, rel=1e-9), key
+    with pytest.raises(ConfigError, match="not in the model's user ids"):
+        ranking_metrics_at_k(model, (sr, sc), 5, train=(users, items))
 
 
 def test_metrics_of_a_perfect_ranking():

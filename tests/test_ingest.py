@@ -15,7 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 import scipy.sparse as sp
 
+from cumf_dask.cli import main
 from cumf_dask.config import DataConfig, IngestConfig
+from cumf_dask.data import limits
 from cumf_dask.data.ingest import (
     FORMATS,
     ingest_arrays,
@@ -25,7 +27,7 @@ from cumf_dask.data.ingest import (
 )
 from cumf_dask.data.parallel import run_tasks
 from cumf_dask.data.store import RatingsStore
-from cumf_dask.errors import ConfigError, IngestError, StoreError
+from cumf_dask.errors import ConfigError, IngestError, PlanError, StoreError
 from cumf_dask.pipeline import ingest_from_config
 
 
@@ -408,17 +410,19 @@ def test_bad_options_and_missing_files(tmp_path):
     path = write(tmp_path / "h.csv", ["user,item,rating"])
     with pytest.raises(IngestError, match="no ratings found"):
         ingest_file(path, tmp_path / "s.zarr")
-    with pytest.raises(IngestError, match="'netflix' is fixed: drop delimiter"):
+    with pytest.raises(ConfigError, match="'netflix' is fixed: drop delimiter"):
         ingest_file(path, tmp_path / "s.zarr", "netflix", delimiter=";")
-    with pytest.raises(IngestError, match="'parquet' takes no delimiter or header"):
+    with pytest.raises(ConfigError, match="'parquet' takes no delimiter or header"):
         ingest_file(path, tmp_path / "s.zarr", "parquet", header=True)
-    with pytest.raises(IngestError, match="three columns"):
+    with pytest.raises(ConfigError, match="three columns"):
         ingest_file(path, tmp_path / "s.zarr", columns=["user", "item"])
     with pytest.raises(IngestError, match=r"nope\.csv: no such file"):
         ingest_file(tmp_path / "nope.csv", tmp_path / "s.zarr")
     with pytest.raises(IngestError, match="no file matches"):
         ingest_file(str(tmp_path / "*.nope"), tmp_path / "s.zarr")
-    with pytest.raises(IngestError, match="unknown format 'xls'"):
+    with pytest.raises(IngestError, match=r"is a directory, not a ratings file; .*/\*\.csv"):
+        ingest_file(tmp_path, tmp_path / "s.zarr")
+    with pytest.raises(ConfigError, match="unknown format 'xls'"):
         ingest_file(path, tmp_path / "s.zarr", "xls")
     assert_nothing_at(tmp_path / "s.zarr")
 
@@ -459,6 +463,76 @@ def test_existing_store_survives_bad_input(tmp_path):
         ingest_file(dup, url, overwrite=True)
     assert contents(RatingsStore.open(url)) == before
     assert not os.path.exists(f"{url}.partial")
+
+
+# ----------------------------------------------------------------------------- declared sizes
+
+
+@pytest.mark.parametrize("kwargs", [{"m": 0}, {"m": -5}, {"n": 0}, {"m": 2.5}])
+def test_declared_sizes_below_one_are_config_errors(tmp_path, kwargs):
+    """Checked before reading: the (missing) file is never looked at."""
+    name = next(iter(kwargs))
+    with pytest.raises(ConfigError, match=f"^{name} must be >= 1"):
+        ingest_file(tmp_path / "nope.csv", tmp_path / "s.zarr", **kwargs)
+    shape = (kwargs.get("m"), kwargs.get("n"))
+    with pytest.raises(ConfigError, match=f"^{name} must be >= 1"):
+        ingest_arrays(tmp_path / "s.zarr", [0, 1], [1, 0], [1.0, 2.0], shape)
+    assert_nothing_at(tmp_path / "s.zarr")
+
+
+def test_shape_beyond_memory_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    path = write(tmp_path / "r.csv", ["0,1,3", "1,0,4"])
+    url = tmp_path / "s.zarr"
+    with pytest.raises(PlanError, match=r"m=99,999,999,999,999, n=50 cannot be built on "
+                       r"this machine: .*800,000\.0 GB for 8-byte rating counts .*map the ids"):
+        ingest_file(path, url, m=99_999_999_999_999, n=50)
+    monkeypatch.setattr(limits, "available_memory", lambda: 1_000_000)  # 1 MB
+    with pytest.raises(PlanError, match=r"m=1,000,000 cannot be built.* 0\.0 GB is available"):
+        ingest_arrays(url, [0, 1], [1, 0], [1.0, 2.0], (1_000_000, None))
+    with pytest.raises(PlanError, match="raise tile_rows and tile_cols"):  # bands dominate
+        ingest_file(path, url, m=100_000, n=2, tile_rows=1, tile_cols=1)
+    assert_nothing_at(url)
+    assert not os.path.exists(f"{url}.lock")
+
+
+def test_sparse_declared_shape_makes_few_bands(tmp_path):
+    """A declared m far above the ratings gets taller tiles (whole spill bands merged), not
+    thousands of empty bands; given tile_rows are kept."""
+    rng = np.random.default_rng(3)
+    m = 1 << 23
+    users = rng.choice(m, 40, replace=False)
+    records = [(int(u), int(k % 7), float(k % 5 + 1)) for k, u in enumerate(users)]
+    path = write(tmp_path / "r.csv", [f"{u},{i},{r}" for u, i, r in records])
+    store = ingest_file(path, tmp_path / "s.zarr", m=m, n=7, test_fraction=0.2)
+    assert (store.m, store.tile_rows, store.n_row_tiles) == (m, 1 << 22, 2)
+    assert contents(store) == expected(records)
+    counts = store.counts("row")
+    assert counts.sum() == store.nnz and counts[users].sum() == store.nnz
+    given = ingest_file(path, tmp_path / "g.zarr", m=m, n=7, tile_rows=1 << 21)
+    assert (given.tile_rows, given.n_row_tiles) == (1 << 21, 4)
+    twice = write(tmp_path / "twice.csv", [f"{u},{i},{r}" for u, i, r in records * 2])
+    summed = ingest_file(twice, tmp_path / "d.zarr", m=m, n=7, duplicates="sum",
+                         split="users", test_fraction=0.5)  # fmt: skip
+    assert summed.n_row_tiles == 2
+    assert contents(summed) == {k: 2 * v for k, v in expected(records).items()}
+
+
+def test_cli_exit_codes_of_sizes_columns_and_directories(tmp_path, capsys):
+    path = write(tmp_path / "r.csv", ["0,1,3", "1,0,4"])
+    out = str(tmp_path / "s.zarr")
+    cases = [
+        (["--m", "0"], 2, "m must be >= 1"),
+        (["--n", "-5"], 2, "n must be >= 1"),
+        (["--columns", "0,1"], 2, "columns must name three columns"),
+        (["--m", "99999999999999", "--n", "50"], 4, "cannot be built on this machine"),
+    ]
+    for extra, code, message in cases:
+        assert main(["ingest", path, *extra, "-o", out]) == code
+        assert message in capsys.readouterr().err
+    (tmp_path / "dir").mkdir()
+    assert main(["ingest", str(tmp_path / "dir"), "-o", out]) == 3
+    assert "is a directory, not a ratings file" in capsys.readouterr().err
+    assert_nothing_at(out)
 
 
 def _fail_late_or_early(k: int) -> int:

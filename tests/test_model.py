@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from conftest import random_ratings
 
+from cumf_dask.data.inputs import ingest_input
 from cumf_dask.data.spill import build_store
 from cumf_dask.errors import ConfigError, NotFittedError, StoreError
 from cumf_dask.model import ALS
@@ -59,11 +60,22 @@ def test_interrupted_checkpoint_write_keeps_previous(store, client, tmp_path):
     assert [r["iteration"] for r in model.metrics_] == [1, 2]
 
 
-def test_resume_with_other_shape_is_refused(store, client, tmp_path):
+def test_resume_of_another_fit_is_refused(store, client, tmp_path):
+    """Another f, another lambda, or other ratings of the same shape: refused, each named;
+    more iterations, another seed or solver: resumed."""
     ckpt = str(tmp_path / "ckpt")
     ALS(4, 0.05, 1, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client)
-    with pytest.raises(StoreError, match="checkpoint is for"):
+    with pytest.raises(StoreError, match=r"another fit .*factors: 4 there, 6 here"):
         ALS(6, 0.05, 2, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client, resume=True)
+    with pytest.raises(StoreError, match=r"regularization: 0\.05 there, 0\.5 here"):
+        ALS(4, 0.5, 2, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client, resume=True)
+    rows, cols, vals = store.read_coo("row")
+    other = (rows, cols, 6 - vals, (store.m, store.n))
+    with pytest.raises(StoreError, match="ratings: "):
+        ALS(4, 0.05, 2, backend="numpy", checkpoint_dir=ckpt).fit(other, client=client, resume=True)
+    again = ALS(4, 0.05, 2, seed=7, solver="cg", backend="numpy", checkpoint_dir=ckpt)
+    again.fit(store, client=client, resume=True)
+    assert [r["iteration"] for r in again.metrics_] == [1, 2]
 
 
 def test_predict_rmse_recommend_save_load(store, client, tmp_path):
@@ -98,6 +110,10 @@ def test_fitted_model_pickles_without_its_cluster(store, client):
     assert copy.metrics_ == model.metrics_ and copy.plan_.x.q == model.plan_.x.q
     with pytest.raises(NotFittedError, match="still open"):
         copy.factors_as_dask()
+    from_arrays = ALS(3, 0.1, 1, backend="numpy").fit(store.read_coo("row"), client=client)
+    alone = pickle.loads(pickle.dumps(from_arrays))  # its temporary store stays behind
+    with pytest.raises(ConfigError, match="needs the rating store"):
+        alone.recommend([0], k=2)
     assert "fitted 70 users x 40 items, test RMSE " in repr(copy)
     assert repr(ALS(3)).startswith("ALS(factors=3")
 
@@ -112,6 +128,8 @@ def test_fit_on_arrays_without_client():
 def test_bad_input(store, client, tmp_path):
     with pytest.raises(ConfigError, match="factors"):
         ALS(0).fit(store, client=client)
+    with pytest.raises(ConfigError, match="'seed' must be >= 0"):
+        ALS(2, seed=-1).fit(store, client=client)
     with pytest.raises(StoreError, match="no rating store"):
         ALS(2).fit(str(tmp_path / "missing.zarr"), client=client)
     with pytest.raises(NotFittedError, match="not fitted"):
@@ -123,6 +141,42 @@ def test_bad_input(store, client, tmp_path):
         model.predict([M], [0])
     with pytest.raises(StoreError, match="not a complete"):
         ALS.load(store.url)
+    for users, items in (([[0, 1]], [0]), ([0.7], [1]), ([0, 1], [2])):
+        with pytest.raises(ConfigError, match=r"indices must be|pairs"):
+            model.predict_indices(users, items)
+    with pytest.raises(ConfigError, match="indices must be"):
+        model.recommend_indices([[0, 1]], k=2, exclude_seen=False)
+    with pytest.raises(ConfigError, match="kind"):
+        model.rmse(store, kind="bogus")
+    with pytest.raises(ConfigError, match="finite"):
+        model.rmse(([0, 1], [0, 1], [1.0, np.nan]))
+
+
+def test_stores_that_number_their_ids_otherwise_are_refused(client, tmp_path):
+    """Scoring or excluding seen items pairs the store's rows with the model's: a store of
+    the same shape whose ids sit in other rows is refused, not read as if they matched."""
+    rows, cols, vals = random_ratings(30, 20, 0.3, seed=9)
+    model = ALS(3, 0.1, 1, backend="numpy").fit((rows + 100, cols, vals), client=client)
+    order = np.argsort(-rows, kind="stable")  # first appearance numbers the users otherwise
+    other = ingest_input((rows[order] + 100, cols[order], vals[order]), str(tmp_path / "o.zarr"),
+                         test_fraction=0.0)  # fmt: skip
+    assert (other.m, other.n) == model.shape_
+    with pytest.raises(StoreError, match="numbers its users otherwise than the model"):
+        model.rmse(other, kind="train")
+    with pytest.raises(StoreError, match="numbers its users otherwise"):
+        model.recommend([100], k=2, store=other)
+    same = ingest_input((rows + 100, cols, vals), str(tmp_path / "s.zarr"), test_fraction=0.0)
+    assert model.rmse(same, kind="train") == pytest.approx(model.rmse((rows + 100, cols, vals)))
+
+
+def test_numpy_cholesky_gives_nan_rows_for_systems_not_positive_definite():
+    """As the GPU's Cholesky does, so the fit reports a NumericalError, not LinAlgError."""
+    from cumf_dask.backend.numpy_backend import cholesky_solve
+
+    M = np.stack([np.eye(3) * 2, -np.eye(3), np.eye(3)])
+    x = cholesky_solve(M, np.ones((3, 3)))
+    np.testing.assert_allclose(x[[0, 2]], [[0.5] * 3, [1.0] * 3])
+    assert np.isnan(x[1]).all()
 
 
 def test_checkpoints_of_a_shorter_rerun_survive(store, client, tmp_path):

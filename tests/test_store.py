@@ -17,8 +17,15 @@ from cumf_dask.data.duplicates import resolve_duplicates
 from cumf_dask.data.hashing import split_mask
 from cumf_dask.data.shards import HostTarget
 from cumf_dask.data.spill import StoreBuilder, build_store
-from cumf_dask.data.store import BAND_CHUNK, MIN_BAND_CHUNK, RatingsStore, band_chunk
-from cumf_dask.errors import ConfigError, IngestError, StoreError
+from cumf_dask.data.store import (
+    BAND_CHUNK,
+    MAX_TILE,
+    MIN_BAND_CHUNK,
+    RatingsStore,
+    band_chunk,
+    default_tile,
+)
+from cumf_dask.errors import ConfigError, IngestError, PlanError, StoreError
 
 M, N = 130, 70
 
@@ -265,6 +272,30 @@ def test_overwrite_never_deletes_foreign_data(tmp_path, ratings):
     with pytest.raises(ConfigError, match="tile_rows"):  # an argument, not the data
         build_store(str(tmp_path / "t.zarr"), rows, cols, vals, shape=(M, N), tile_rows=0)
     assert not (tmp_path / "t.zarr").exists() and not (tmp_path / "t.zarr.partial").exists()
+
+
+def test_declared_shape_is_checked_before_anything_is_written(tmp_path):
+    url = str(tmp_path / "b.zarr")
+    with pytest.raises(ConfigError, match=r"^n must be >= 1"):
+        StoreBuilder(url, m=M, n=0)
+    with pytest.raises(PlanError, match="cannot be built on this machine"):
+        StoreBuilder(url, m=10**15, n=N)
+    assert not list(tmp_path.iterdir())  # no store, no lock
+    builder = StoreBuilder(url, m=np.int64(M), n=np.int64(N))  # NumPy sizes are fine
+    builder.abort()
+
+
+@pytest.mark.parametrize(
+    "shape, tile",
+    [
+        ((480_189, 17_770, 99_000_000), 32768),  # Netflix: as before
+        ((1_000_000_000, 48_000_000, 112_000_000_000), 65536),  # Facebook: as before
+        ((1_000_000_000, 50, 2000), MAX_TILE),  # 1e9 rows, 2,000 ratings: capped
+        ((300, 50, 10), 512),  # never (much) taller than the matrix
+    ],
+)
+def test_default_tile_is_capped_for_very_sparse_shapes(shape, tile):
+    assert default_tile(*shape) == tile
 
 
 # ----------------------------------------------------------------------------- integrity

@@ -30,7 +30,7 @@ from cumf_dask.data.sampling import (
 )
 from cumf_dask.data.store import RatingsStore
 from cumf_dask.data.synthetic import generate
-from cumf_dask.errors import ConfigError, StoreError
+from cumf_dask.errors import ConfigError, DeviceMemoryError, PlanError, StoreError
 
 SMALL = PlantedModel.create(m=2000, n=300, nnz=40_000, rank=4, noise=0.3, seed=7)
 TILES = {"tile_rows": 256, "tile_cols": 64}
@@ -315,6 +315,42 @@ def test_failure_removes_partial_store(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="disk full"):
         generate(tmp_path / "s.zarr", SMALL, **TILES)
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_shape_beyond_memory_is_refused_before_anything_is_written(tmp_path):
+    url = tmp_path / "h.zarr"
+    huge = PlantedModel.create(m=10**11, n=10, nnz=100, nonempty=False)
+    with pytest.raises(PlanError, match=r"m=100,000,000,000, n=10 cannot be built on this "
+                       r"machine: .*800\.0 GB for 8-byte rating counts.*lower m and n"):
+        generate(url, huge)
+    with pytest.raises(PlanError, match=r"bands of 4,000,000,000 rows.*lower tile_rows"):
+        generate(url, replace(huge, m=10**8), tile_rows=4 * 10**9)
+    assert not url.exists() and not Path(f"{url}.lock").exists()
+
+
+def test_out_of_memory_while_generating_is_one_clean_error(tmp_path, monkeypatch):
+    def no_memory(*args):
+        raise MemoryError("Unable to allocate 745. GiB")
+
+    monkeypatch.setattr(synthetic, "_row_band", no_memory)
+    with pytest.raises(DeviceMemoryError, match=r"generating a 2,000 x 300 store \(Unable to "
+                       r"allocate 745\. GiB\); lower m and n") as info:
+        generate(tmp_path / "s.zarr", SMALL, **TILES)
+    assert info.value.__context__ is None and info.value.__cause__ is None
+    assert not (tmp_path / "s.zarr").exists() and not (tmp_path / "s.zarr.partial").exists()
+
+
+def test_very_sparse_shape_is_built_in_bounded_bands(tmp_path):
+    """1 rating per 100,000 rows: bands of at most MAX_TILE rows, not one band of all rows."""
+    gen = PlantedModel.create(m=1 << 23, n=10, nnz=80, nonempty=False, seed=4)
+    store = generate(tmp_path / "s.zarr", gen, use_gpu=False)
+    assert (store.tile_rows, store.n_row_tiles) == (1 << 22, 2)
+    assert store.nnz + store.nnz_test == 80
+    row, col, _ = store.read_coo("row")
+    assert np.unique(row).size == row.size  # scattered rows: the rated rows' factors only
+    clean = np.concatenate([gen.ratings(row[k : k + 1], col[k : k + 1])[1]
+                            for k in range(row.size)])  # fmt: skip
+    np.testing.assert_allclose(gen.ratings(row, col)[1], clean, rtol=1e-6)
 
 
 def test_progress(tmp_path):

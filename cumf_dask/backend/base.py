@@ -147,7 +147,8 @@ class Backend(ABC):
     ) -> Any:
         """X from the reduced (A, B), adding gram0 and reg_u I; zero rows where counts == 0.
         `packed`: A holds the lower triangles only (:meth:`pack`, as the reductions sum them),
-        which the solve reads as they are (no f x f copy of every system)."""
+        which the solve reads as they are (no f x f copy of every system). A and B are not
+        changed."""
 
     def gram(self, fixed: Any) -> Any:
         """fixed^T fixed (f, f), accumulated in float32 (float64 on the host)."""

@@ -23,6 +23,7 @@ small products are much slower with threads on small CPUs (DESIGN pitfalls).
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any
 
 import numpy as np
@@ -208,8 +209,17 @@ def cholesky_solve(M: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     LAPACK's Cholesky per matrix (float64: faster than float32's here, and exact enough),
     then the two triangular substitutions vectorized over the stack, one column at a time.
+    A system that is not positive definite (a regularization too small for the rounding of
+    its Hermitian) gets a NaN solution, as the GPU's Cholesky gives: the task's finite check
+    turns it into the fit's NumericalError, which names the row and the fix.
     """
-    L = np.linalg.cholesky(M)
+    try:
+        L = np.linalg.cholesky(M)
+    except np.linalg.LinAlgError:
+        L = np.full_like(M, np.nan)
+        for r in range(len(M)):
+            with suppress(np.linalg.LinAlgError):
+                L[r] = np.linalg.cholesky(M[r])
     y = b.copy()
     f = M.shape[-1]
     for j in range(f):

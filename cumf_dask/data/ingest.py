@@ -28,8 +28,11 @@ declared scale or beyond +-1e9, an id out of the declared range, an empty file, 
 pair under ``duplicates="error"``, a binary or compressed file read as text) raise one
 :class:`~cumf_dask.errors.IngestError` that names the file and the 1-based line (the record
 for in-memory input). Nothing is left at ``url`` then, and an existing store there is untouched.
-An argument out of range (``test_fraction``, tile sizes, ``chunk_rows``, ``duplicates``) is a
-:class:`~cumf_dask.errors.ConfigError`, raised before anything is read.
+An argument out of range (``test_fraction``, tile sizes, ``chunk_rows``, ``duplicates``, m or n
+below 1, an unknown format, not three columns) is a :class:`~cumf_dask.errors.ConfigError`,
+raised before anything is read. Declared m and n must fit this machine: a store keeps a count
+per row and column (:mod:`.limits`); a shape whose counts exceed the memory available is a
+:class:`~cumf_dask.errors.PlanError`, raised before anything is written.
 
 ``progress(stage, done, total)`` is called after each chunk with stage ``"read"`` (bytes of
 input files, or records of in-memory input; total None when unknown), then with stage
@@ -48,10 +51,11 @@ import numpy as np
 import pandas as pd  # a core dependency: chunked, C-speed text parsing
 
 from ..checks import MAX_RATING, check_positive_int, check_scale
-from ..errors import IngestError
+from ..errors import ConfigError, IngestError
 from .duplicates import DuplicatePolicy
 from .formats import FORMATS
 from .hashing import SplitKind
+from .limits import check_size
 from .readers import (
     Chunk,
     Column,
@@ -131,19 +135,21 @@ def ingest_file(
     progress : ``progress(stage, done, total)``, see the module docstring.
     """
     if format not in FORMATS:
-        raise IngestError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        raise ConfigError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     check_positive_int("chunk_rows", chunk_rows)
+    check_size("m", m)
+    check_size("n", n)
     check_scale(rating_min, rating_max)
     overrides = {"delimiter": delimiter, "header": header, "columns": columns}
     given = [key for key, value in overrides.items() if value is not None]
     if format == "parquet":
         if delimiter is not None or header is not None:
-            raise IngestError("format 'parquet' takes no delimiter or header (only columns)")
+            raise ConfigError("format 'parquet' takes no delimiter or header (only columns)")
         files = Files(path, unit="row")
         chunks = read_parquet(files, _three(columns or (0, 1, 2)), chunk_rows)
     else:
         if format == "netflix" and given:
-            raise IngestError(f"format 'netflix' is fixed: drop {', '.join(given)}")
+            raise ConfigError(f"format 'netflix' is fixed: drop {', '.join(given)}")
         spec = _TEXT_FORMATS[format]
         if delimiter is not None:
             spec = replace(spec, delimiter=delimiter)
@@ -406,7 +412,11 @@ def _integer_ids(ids: np.ndarray) -> np.ndarray:
 
 
 def _three(columns: Sequence[Column]) -> tuple[Column, Column, Column]:
+    """The user, item and rating columns; another number of them is a usage error."""
     if isinstance(columns, str) or len(columns) != 3:
-        raise IngestError(f"columns must name three columns (user, item, rating), got {columns!r}")
+        raise ConfigError(
+            f"columns must name three columns (user, item, rating), got {columns!r}; give "
+            "them in that order, by name or 0-based position (--columns 0,1,2)"
+        )
     user, item, rating = columns
     return user, item, rating

@@ -396,7 +396,10 @@ class PlantedModel:
         are the results."""
         vals, cleans = [], []
         r_lo = int(rows.min()) if rows.size else 0
-        x_rows = self.x(xp.arange(r_lo, int(rows.max()) + 1 if rows.size else 0), xp)
+        span = int(rows.max()) + 1 - r_lo if rows.size else 0
+        # X* of the whole row span at once where the ratings cover it; else (a sparse band
+        # spans millions of rows) per chunk, of the rated rows only: rank floats per row
+        x_rows = self.x(xp.arange(r_lo, r_lo + span), xp) if span <= rows.size else None
         table = _theta_table(self, xp) if self.n * self.rank <= _THETA_TABLE else None
         for c0 in range(0, rows.size, _VALUE_CHUNK):
             r = rows[c0 : c0 + _VALUE_CHUNK]
@@ -406,7 +409,12 @@ class PlantedModel:
             else:
                 uniq, inv = xp.unique(c, return_inverse=True)
                 theta = self.theta(uniq, xp)[inv.ravel()]
-            clean = (x_rows[r - r_lo] * theta).sum(axis=1)
+            if x_rows is not None:
+                x = x_rows[r - r_lo]
+            else:
+                uniq, inv = xp.unique(r, return_inverse=True)
+                x = self.x(uniq, xp)[inv.ravel()]
+            clean = (x * theta).sum(axis=1)
             z = hash64(xp, hash64(xp, xp.uint64(stream_key(self.seed, _NOISE)), r), c)
             val = clean + self.noise * normal_pairs(xp, z)[0]
             if self.rating_min is not None:

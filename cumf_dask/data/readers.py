@@ -85,8 +85,14 @@ class Files(Records):
             f.path if isinstance(f.fs, LocalFileSystem) else f.full_name for f in self.files
         ]
         for f, name in zip(self.files, self.names, strict=True):
-            if not f.fs.isfile(f.path):
-                raise IngestError(f"{name}: no such file; check the path")
+            if f.fs.isfile(f.path):
+                continue
+            if f.fs.isdir(f.path):
+                raise IngestError(
+                    f"{name}: is a directory, not a ratings file; give a file in it, or a glob "
+                    f"of its files (such as '{name.rstrip('/')}/*.csv')"
+                )
+            raise IngestError(f"{name}: no such file; check the path")
         sizes = [f.fs.size(f.path) for f in self.files]
         self.start = np.cumsum([0] + [s or 0 for s in sizes]).tolist()
         super().__init__(None if None in sizes else self.start[-1])

@@ -39,8 +39,9 @@ from ..paths import is_url, normalize_url
 from .bands import band_order_key, finish_store, init_store, transpose_band, write_band
 from .duplicates import DUPLICATE_POLICIES, DuplicatePolicy, resolve_duplicates
 from .hashing import SPLITS, SplitKind, split_mask, user_split_mask
+from .limits import check_fits, check_size
 from .parallel import run_tasks
-from .store import RatingsStore, default_tile
+from .store import MAX_TILE, RatingsStore, default_tile
 from .target import check_target, claim, discard, publish, work_url
 
 SPILL_PREFIX = "cumf-spill-"
@@ -53,7 +54,11 @@ class StoreBuilder:
     ``add`` validates a chunk, splits off the test share, and appends it to per-band spill
     files; ``finalize`` resolves duplicates and writes the bands, one per thread. Row and column
     counts (m, n) may grow while adding (ids mapped on the fly); rows per tile are then given
-    or 65,536, and columns per tile are chosen from the final shape.
+    or 65,536, and columns per tile are chosen from the final shape. Rows per tile that were
+    not given grow at ``finalize`` to what the final shape wants (:func:`default_tile`, whole
+    spill bands merged), so a declared m far above the ratings (1e9 rows, 2,000 ratings)
+    makes a few hundred bands, not tens of thousands of empty ones. Declared m and n are
+    checked to fit this machine (:func:`~.limits.check_fits`) before anything is written.
     """
 
     def __init__(
@@ -77,6 +82,15 @@ class StoreBuilder:
         url = normalize_url(url)
         check_positive_int("tile_rows", tile_rows, optional=True)
         check_positive_int("tile_cols", tile_cols, optional=True)
+        check_size("m", m)
+        check_size("n", n)
+        self._tile_given = tile_rows is not None
+        if tile_rows is None:
+            tile_rows = default_tile(m, n, expected_nnz) if m and n and expected_nnz else 65536
+        if m is not None or n is not None:  # row and test bands, column bands
+            bands = 2 * -(-(m or 0) // tile_rows) + -(-(n or 0) // (tile_cols or MAX_TILE))
+            check_fits(m, n, bands, "declare m and n no larger than the largest id + 1, or "
+                       "leave them out to map the ids")  # fmt: skip
         self._lock = claim(url)
         try:
             check_target(url, overwrite)
@@ -87,9 +101,7 @@ class StoreBuilder:
             raise
         self.url = url
         self.m, self.n = m, n
-        if tile_rows is None:
-            tile_rows = default_tile(m, n, expected_nnz) if m and n and expected_nnz else 65536
-        self.tile_rows = int(tile_rows)
+        self.tile_rows = int(tile_rows)  # of the spill files; finalize may merge them
         # Spill files are cut by row band only, so the column tiles can wait for the shape.
         self.tile_cols = tile_cols
         self.test_fraction, self.split_seed = float(test_fraction), int(split_seed)
@@ -186,9 +198,10 @@ class StoreBuilder:
             if col_ids is not None:
                 n = len(col_ids)
             created = True  # from here on a failure removes what was written
+            tile_rows = self._store_tile_rows(m, n)
             tile_cols = self.tile_cols or default_tile(n, m, self._records)
-            init_store(work, m, n, self.tile_rows, tile_cols, overwrite=local or self.overwrite)
-            n_row_tiles = math.ceil(m / self.tile_rows)
+            init_store(work, m, n, tile_rows, tile_cols, overwrite=local or self.overwrite)
+            n_row_tiles = math.ceil(m / tile_rows)
             n_col_tiles = math.ceil(n / tile_cols)
             by_user = self.split == "users" and self.test_fraction > 0
             has_test = by_user or any(k == "test" for k, _ in self._bands)
@@ -199,7 +212,7 @@ class StoreBuilder:
                 if progress:
                     progress("bands", before + done, steps)
 
-            row_jobs = [(work, kind, band, tile_cols, describe) for kind in kinds
+            row_jobs = [(work, kind, band, tile_rows, tile_cols, describe) for kind in kinds
                         for band in range(n_row_tiles)]  # fmt: skip
             written = run_tasks(None, self._write_row_band, row_jobs, "bands", report)
             summaries = {kind: written[i * n_row_tiles : (i + 1) * n_row_tiles]
@@ -226,23 +239,37 @@ class StoreBuilder:
             shutil.rmtree(self._spill, ignore_errors=True)
             self._lock.release()
 
+    def _store_tile_rows(self, m: int, n: int) -> int:
+        """Rows per tile of the store: the spill bands' when given (or when the final shape
+        wants no more), else a whole number of spill bands, as default_tile chooses for the
+        final shape and rating count."""
+        if self._tile_given:
+            return self.tile_rows
+        return self.tile_rows * max(1, default_tile(m, n, self._records) // self.tile_rows)
+
     def _write_row_band(
         self,
         work: str,
         kind: str,
         band: int,
+        tile_rows: int,
         tile_cols: int,
         describe: Callable[[int, int, int, int], str] | None,
     ) -> dict[str, float]:
-        """Write row (or test) band `band` from its spill files: duplicates resolved and the
-        band's storage order in one sort; with split="users" the test share taken here."""
+        """Write row (or test) band `band` from its spill files (tile_rows // self.tile_rows
+        of them): duplicates resolved and the band's storage order in one sort; with
+        split="users" the test share taken here."""
         by_user = self.split == "users" and self.test_fraction > 0
         source_kind = "row" if by_user else kind
-        if (source_kind, band) not in self._bands:
+        per = tile_rows // self.tile_rows
+        spilled = [(source_kind, b) for b in range(band * per, (band + 1) * per)
+                   if (source_kind, b) in self._bands]  # fmt: skip
+        if not spilled:
             empty = np.zeros(0, np.int64)
             return write_band(work, kind, band, empty, empty, np.zeros(0, np.float32))
-        r, c, v, s = self._load(source_kind, band)
-        key = band_order_key(r, c, band * self.tile_rows, self.tile_rows, tile_cols)
+        parts = [self._load(*key) for key in spilled]
+        r, c, v, s = (np.concatenate(arrays) for arrays in zip(*parts, strict=True))
+        key = band_order_key(r, c, band * tile_rows, tile_rows, tile_cols)
         r, c, v = resolve_duplicates(r, c, v, s, self.duplicates, describe, key=key)
         if by_user:
             test = user_split_mask(r, c, self.test_fraction, self.split_seed)

@@ -87,13 +87,19 @@ def band_chunk(size: int, n_tiles: int) -> int:
     return max(1, min(size, BAND_CHUNK, max(MIN_BAND_CHUNK, 1 << (per_chunk.bit_length() - 1))))
 
 
+MAX_TILE = 1 << 22  # rows per tile at most by default: a band's per-row arrays stay small
+
+
 def default_tile(length: int, other: int, nnz: int, target: int = 4_000_000) -> int:
-    """Rows per tile so that a band holds about `target` ratings (a power of two >= 256)."""
+    """Rows per tile so that a band holds about `target` ratings (a power of two in [256,
+    MAX_TILE]). The cap keeps a very sparse shape (1e9 rows, 100 ratings) from becoming one
+    band whose per-row arrays (counts, degrees, planted factors) are billions long."""
     if nnz <= 0 or length <= 0:
         return max(1, length)
     per_row = nnz / length
     rows = max(256, int(target / max(per_row, 1e-9)))
-    return min(1 << math.ceil(math.log2(rows)), max(256, 1 << math.ceil(math.log2(length))))
+    tile = min(1 << math.ceil(math.log2(rows)), max(256, 1 << math.ceil(math.log2(length))))
+    return min(tile, MAX_TILE)
 
 
 def index_dtype(size: int) -> np.dtype:

@@ -24,10 +24,11 @@ from typing import Any, Literal
 
 from ..checks import check_choice, check_fraction, check_positive_int
 from ..devices import has_cuda
-from ..errors import ConfigError
+from ..errors import ConfigError, out_of_memory_as
 from ..paths import normalize_url
 from .bands import band_module, finish_store, init_store, transpose_band, write_band
 from .hashing import split_mask
+from .limits import check_fits
 from .parallel import Progress, run_tasks
 from .planted import PlantedModel
 from .sampling import Array
@@ -56,7 +57,9 @@ def generate(
     `progress(stage, done, total)` is called as bands finish, stage "generate" then
     "transpose". `use_gpu`: True computes pairs, values and split with CuPy (and sorts the
     transposition there), "auto" where a worker sees a GPU, False never. On any error the
-    partial store is removed (a local `url`) and is never marked complete.
+    partial store is removed (a local `url`) and is never marked complete. A shape whose
+    bookkeeping exceeds this machine's memory is a PlanError before anything is written
+    (:func:`~.limits.check_fits`); running out of memory while building, a DeviceMemoryError.
     """
     check_fraction("test_fraction", test_fraction)
     check_positive_int("tile_rows", tile_rows, optional=True)
@@ -69,12 +72,17 @@ def generate(
     m, n, nnz = model.m, model.n, model.nnz
     tile_rows = tile_rows or default_tile(m, n, nnz)
     tile_cols = tile_cols or default_tile(n, m, nnz)
+    bands = 2 * math.ceil(m / tile_rows) + math.ceil(n / tile_cols)  # row, test, column
+    check_fits(m, n, bands, "lower m and n (or the preset's scale)", tile_rows)
     url = normalize_url(url)
     lock = claim(url)  # one writer per target; a killed run's <url>.partial is removed
     try:
         check_target(url, overwrite)  # the old store stays until the new one is complete
-        return _build(url, model, test_fraction, split_seed, tile_rows, tile_cols, client,
-                      progress, use_gpu)  # fmt: skip
+        with out_of_memory_as(
+            f"generating a {m:,} x {n:,} store", "lower m and n, or tile_rows (rows per band)"
+        ):
+            return _build(url, model, test_fraction, split_seed, tile_rows, tile_cols, client,
+                          progress, use_gpu)  # fmt: skip
     finally:
         lock.release()
 

@@ -23,9 +23,10 @@ from ..backend import resolve_backend_name
 from ..compat import has_module
 from ..config import ClusterConfig, parse_size
 from ..devices import cuda_device_count, gpu_memories, gpu_total_memory, has_cuda
-from ..errors import ConfigError
+from ..errors import ConfigError, CumfError
 from . import tasks
 from .placement import COMPUTE
+from .tasks import NonFiniteFactor
 
 _log = logging.getLogger(__name__)
 
@@ -65,6 +66,22 @@ class CumfWorkerSetup(WorkerPlugin):
         from threadpoolctl import threadpool_limits
 
         self._limits = threadpool_limits(self.blas_threads)
+        log = logging.getLogger("distributed.worker")
+        if not any(isinstance(f, RaisedByTheFit) for f in log.filters):
+            log.addFilter(RaisedByTheFit())
+
+
+class RaisedByTheFit(logging.Filter):
+    """Drops Dask's "Compute Failed" record (a task, its arguments and a traceback, on the
+    worker's stderr) when the task failed with one of cumf-dask's own errors: the fit raises
+    that error with its message, which is all a user should see (the CLI's one line)."""
+
+    OWN = tuple(f"{cls.__name__}(" for cls in (*CumfError.__subclasses__(), NonFiniteFactor))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        failed = str(record.msg).startswith("Compute Failed") and len(args) > 3
+        return not (failed and str(args[3]).startswith(self.OWN))
 
 
 # The RMM pool a local GPU cluster over UCX/NVLink starts with when cluster.rmm_pool_size is

@@ -26,6 +26,7 @@ What can go wrong, and what happens:
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Sequence
@@ -107,8 +108,9 @@ class ALSParams:
         )  # fmt: skip
 
     def attrs(self, store: RatingsStore) -> dict[str, Any]:
-        """What a checkpoint records of the fit."""
-        return {**self.settings(), "m": store.m, "n": store.n}
+        """What a checkpoint records of the fit: the settings, the shape, and the ratings'
+        counts and statistics (which a resumed fit must match)."""
+        return {**self.settings(), "m": store.m, "n": store.n, "ratings": ratings_digest(store)}
 
     def settings(self) -> dict[str, Any]:
         """The hyper-parameters a checkpoint or saved model records."""
@@ -126,6 +128,39 @@ class ALSParams:
             "cg_steps": self.cg_steps,
             "init_scale": self.init_scale,
         }
+
+
+# what a resumed fit must share with its checkpoint, beside the shape: the objective's
+# terms (the solver, its steps, the seed and the iteration count may change)
+RESUME_MUST_MATCH = ("factors", "kind", "regularization", "regularization_mode", "alpha",
+                     "confidence", "eps")  # fmt: skip
+
+
+def ratings_digest(store: RatingsStore) -> dict[str, Any]:
+    """The ratings' counts and statistics as a checkpoint records them: other ratings of the
+    same shape (another file, another split, the values changed) almost surely differ."""
+    return {"nnz": store.nnz, "nnz_test": store.nnz_test, **store.stats}
+
+
+def resume_mismatch(attrs: dict[str, Any], params: ALSParams, store: RatingsStore) -> list[str]:
+    """'name: checkpoint value, this fit's value' for each way a checkpoint's fit differs
+    from this one (a checkpoint from before the ratings were recorded is not compared on
+    them)."""
+    want = {"m": store.m, "n": store.n, **params.settings()}
+    want = {k: want[k] for k in ("m", "n", *RESUME_MUST_MATCH)}
+    got = {k: attrs.get(k, "explicit" if k == "kind" else None) for k in want}
+    differ = [f"{k}: {got[k]!r} there, {want[k]!r} here" for k in want if got[k] != want[k]]
+    if "ratings" in attrs and not _same_ratings(attrs["ratings"], ratings_digest(store)):
+        differ.append(f"ratings: {attrs['ratings']} there, {ratings_digest(store)} here")
+    return differ
+
+
+def _same_ratings(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal counts, statistics equal to rounding (a store built again with other bands sums
+    them in another order)."""
+    return a.keys() == b.keys() and all(
+        a[k] == b[k] or math.isclose(a[k], b[k], rel_tol=1e-9) for k in a
+    )
 
 
 @dataclass
@@ -279,12 +314,12 @@ class _Run:
             X = engine.initial("x", params.factors, params.seed, scale) if cg else None
             return _State(0, [], theta, X)
         start, attrs, arrays = found
-        want = {"m": store.m, "n": store.n, "factors": params.factors, "kind": params.kind}
-        got = {k: attrs.get(k, "explicit" if k == "kind" else None) for k in want}
-        if got != want:
+        differ = resume_mismatch(attrs, params, store)
+        if differ:
             raise StoreError(
-                f"{self.checkpointer.directory}: the checkpoint is for {got}, this fit is "  # type: ignore[union-attr]
-                f"{want}; use another checkpoint_dir or resume=False"
+                f"{self.checkpointer.directory}: its checkpoint is of another fit "  # type: ignore[union-attr]
+                f"({'; '.join(differ)}); use another checkpoint_dir, or resume=False to "
+                "start over"
             )
         theta = engine.from_host(arrays["item_factors"], "theta")
         keep_x = cg or start >= params.iterations  # CG's starting point, or the final X

@@ -46,7 +46,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..checks import check_choice
-from ..config import BlockTier, FactorTier, PlanConfig, parse_size
+from ..config import BlockTier, FactorTier, PlanConfig, check_size, parse_size
 from ..devices import nvml_groups
 from ..errors import ConfigError, PlanError
 from .costs import ASSUMED_LINK, half_step_cost
@@ -429,7 +429,8 @@ def make_plan(
     """
     config = config or PlanConfig()
     budget = memory
-    if config.memory_budget is not None:
+    if config.memory_budget is not None:  # checked here too: a PlanConfig made in Python
+        check_size("plan.memory_budget", config.memory_budget, of="the worker's memory")
         budget = parse_size(config.memory_budget, memory) or memory
     groups = config.groups
     if config.reduction == "two-phase" and groups is None and backend == "cupy":
@@ -438,6 +439,8 @@ def make_plan(
         raise PlanError(f"factors must be at least 1, got {f}")
     if workers < 1:
         raise PlanError("the cluster has no workers; start some or check the scheduler address")
+    if config.headroom is not None:
+        check_size("plan.headroom", config.headroom, of="the budget", free=True)
     usable = budget - (parse_size(config.headroom, budget) or 0)
     rc = RowShares(m if row_counts is None else row_counts)
     cc = RowShares(n if col_counts is None else col_counts)

@@ -255,7 +255,8 @@ def reduce_solve(
     """Final reduction of one slice, then the solve from the packed sums as they are (G0
     and the regularization added here); `host`, `row0`: as for :func:`update`."""
     be = get_backend(backend)
-    A, B = sum_partials(*partials)
+    # one input (reduction "one", or one holder): solve reads it as it is, no copy
+    A, B = partials[0] if len(partials) == 1 else sum_partials(*partials)
     X = be.solve(A, B, counts, spec, gram0=gram0, x0=x0, packed=True)
     return _kept(be, X, host, row0)
 

@@ -69,15 +69,20 @@ def ranking_metrics_at_k(
 
     Parameters
     ----------
-    test : RatingsStore (its held-out split) or (rows, items[, counts]) dense-index arrays
-        Held-out interactions; those with a count <= 0 are not positives.
-    train : RatingsStore or (rows, items[, counts]), optional
+    test : RatingsStore (its held-out split) or (users, items[, counts]) arrays
+        Held-out interactions; those with a count <= 0 are not positives. Arrays are in the
+        data's own ids, as the model's methods take them (the indices themselves when the
+        model was fitted with a shape or a SciPy matrix); an id the model does not know is a
+        ConfigError.
+    train : RatingsStore or (users, items[, counts]) arrays in own ids, optional
         The training interactions, filtered out of each user's ranking: by default the
         store the model was fitted on (a store given as `test`: its training split).
     """
     check_positive_int("k", k)
     n_items = model.item_factors_.shape[0]
+    ids = model._ids
     if isinstance(test, RatingsStore):
+        model._matching(test)
         if not test.has_test:
             raise StoreError(
                 f"{test.url}: the store has no held-out interactions; build it with a test "
@@ -86,7 +91,7 @@ def ranking_metrics_at_k(
         t_rows, t_cols, t_vals = test.read_coo("row", split="test")
         train = test if train is None else train
     else:
-        t_rows, t_cols = np.asarray(test[0], np.int64), np.asarray(test[1], np.int64)
+        t_rows, t_cols = ids.users(test[0]), ids.items(test[1])
         t_vals = np.asarray(test[2]) if len(test) > 2 else np.ones(t_rows.size)
     keep = t_vals > 0
     t_rows, t_cols = t_rows[keep], t_cols[keep]
@@ -94,14 +99,14 @@ def ranking_metrics_at_k(
     if users.size == 0:
         raise StoreError("no held-out positive interactions to rank")
     if isinstance(train, tuple):
-        r, c = np.asarray(train[0], np.int64), np.asarray(train[1], np.int64)
+        r, c = ids.users(train[0]), ids.items(train[1])
         at = np.clip(np.searchsorted(users, r), 0, users.size - 1)
         mine = users[at] == r
         user_items = (at[mine], c[mine], np.ones(int(mine.sum()), np.float32))
         n_train = np.bincount(at[mine], minlength=users.size)
         top, _ = model.recommend_indices(users, k, user_items=user_items, batch=batch)
     else:
-        store = train if train is not None else model._seen_store(None)
+        store = model._seen_store(train)
         n_train = store.counts("row")[users]
         top, _ = model.recommend_indices(users, k, store=store, batch=batch)
     return _metrics(top, pos, t_cols, n_items, n_train, k)

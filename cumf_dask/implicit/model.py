@@ -13,7 +13,7 @@ from ..checks import check_choice, check_number
 from ..data.store import RatingsStore
 from ..engine import tasks
 from ..engine.fit import ALSParams
-from ..errors import ConfigError
+from ..errors import ConfigError, NumericalError
 from ..model import ALS
 from .ids import IdLayer, interactions_block
 
@@ -190,7 +190,7 @@ class ImplicitALS(ALS):
     # ------------------------------------------------------------------ batches
     def _run(self, func: Any, shared: list[np.ndarray], batches: list[tuple], name: str):
         """Batches as tasks on the fit's workers while its client is open, else here."""
-        session = getattr(self, "_session", None)
+        session = self._live_session()
         if session is None:
             return [func(*shared, *batch, "numpy") for batch in batches]
         return session.run_batches(func, shared, batches, name)
@@ -204,7 +204,7 @@ class ImplicitALS(ALS):
             raise ConfigError(
                 "filtering liked items needs the training store (store=) or user_items"
             )
-        return RatingsStore.open(store) if isinstance(store, str) else store
+        return self._matching(store)
 
     def recalculate_user(self, user_items: Any, *, batch: int = 4096) -> np.ndarray:
         """Factors of users from their interactions, without refitting (fold-in).
@@ -216,6 +216,7 @@ class ImplicitALS(ALS):
         client is open. Returns (rows, f) float32.
         """
         self._check_fitted()
+        check_number("batch", batch, 1, integer=True)
         n_rows = user_items.shape[0] if hasattr(user_items, "shape") else None
         if n_rows is None:
             rows = np.asarray(user_items[0], np.int64)
@@ -236,7 +237,13 @@ class ImplicitALS(ALS):
         if not batches:
             return np.zeros((0, self.factors), np.float32)
         parts = self._run(tasks.fold_in_batch, [theta, gram0], batches, "fold-in")
-        return np.concatenate(parts).astype(np.float32)
+        X = np.concatenate(parts).astype(np.float32)
+        if not np.isfinite(X).all():
+            raise NumericalError(
+                "folding users in gave non-finite factors (a system not positive definite in "
+                "float32): use a model with a larger regularization"
+            )
+        return X
 
     def recommend(  # type: ignore[override]
         self,
@@ -275,9 +282,8 @@ class ImplicitALS(ALS):
         """
         self._check_fitted()
         ids = self._ids
-        users = np.atleast_1d(np.asarray(users))
-        if not recalculate_user:
-            users = ids.users(users)
+        users = np.atleast_1d(np.asarray(users))  # with recalculate_user, only their number counts
+        users = np.arange(len(users)) if recalculate_user else ids.users(users)
         top, scores = self.recommend_indices(
             users, k, filter_already_liked_items=filter_already_liked_items,
             items=None if items is None else ids.items(items), user_items=user_items,
@@ -301,7 +307,13 @@ class ImplicitALS(ALS):
         items and the returned items (rows of ``item_factors_``, -1 for an empty place)."""
         self._check_fitted()
         n_items = self.item_factors_.shape[0]
-        users = np.atleast_1d(np.asarray(users, np.int64))
+        k = self._top_k(k, n_items)
+        check_number("batch", batch, 1, integer=True)
+        users = self._as_indices(users, "user")
+        candidates = None if items is None else np.unique(self._as_indices(items, "item"))
+        none = np.zeros(0, np.int64)
+        self._check_indices(none if recalculate_user else users,
+                            none if candidates is None else candidates)  # fmt: skip
         given = None
         if user_items is not None:
             given = interactions_block(user_items, len(users), n_items)
@@ -311,7 +323,6 @@ class ImplicitALS(ALS):
             X = self._fold_in(given, batch)
         else:
             X = self.user_factors_[users]
-        candidates = None if items is None else np.unique(np.asarray(items, np.int64))
         chunks = [(lo, min(lo + batch, len(users))) for lo in range(0, len(users), batch)]
         batches = []
         for lo, hi in chunks:
@@ -330,6 +341,9 @@ class ImplicitALS(ALS):
         return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
 
     def _similar(self, factors: np.ndarray, query: np.ndarray, k: int, batch: int, name: str):
+        noun = name.removeprefix("similar-")  # "items" or "users"
+        k = self._top_k(k, len(factors), noun, per=noun[:-1])
+        check_number("batch", batch, 1, integer=True)
         norms = np.linalg.norm(factors, axis=1, keepdims=True)
         normed = (factors / np.where(norms > 0, norms, 1e-10)).astype(np.float32)
         batches = [
