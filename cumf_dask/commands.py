@@ -55,7 +55,8 @@ def cmd_ingest(args: argparse.Namespace, out: Output) -> None:
 
     columns = None
     if args.columns:
-        columns = [int(c) if c.isdigit() else c for c in args.columns.split(",")]
+        names = [c.strip() for c in args.columns.split(",")]
+        columns = [int(c) if c.isdigit() else c for c in names]
     with out.progress() as progress:
         store = ingest_file(
             args.file, args.output, args.format, delimiter=args.delimiter, header=args.header,

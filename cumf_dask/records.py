@@ -24,6 +24,7 @@ import yaml
 from .checkpoint import MODEL_FORMAT
 from .config import Config
 from .engine.plan import Plan
+from .errors import StoreError
 
 
 class RunFolder:
@@ -133,8 +134,23 @@ def link_latest(run: Path, link: Path) -> None:
 def model_path(path: str | Path) -> str:
     """A saved model's path: `path` itself, or the model.zarr of the run folder `path`
     (``runs/netflix-latest``)."""
-    inside = Path(path) / "model.zarr"
-    return str(inside) if inside.is_dir() else str(path)
+    folder = Path(path)
+    inside = folder / "model.zarr"
+    if inside.is_dir():
+        return str(inside)
+    if folder.is_dir() and not (folder / "zarr.json").exists():
+        runs = sorted(p.name for p in folder.glob("*-latest"))
+        if runs:
+            raise StoreError(
+                f"{path} is a folder of runs, not a model: give a run folder or its "
+                f"model.zarr, e.g. {folder / runs[0]}"
+            )
+        if (folder / "config.yaml").is_file():
+            raise StoreError(
+                f"{path} is a run folder without a saved model (the run failed, or is still "
+                "running): give another run, or train again"
+            )
+    return str(path)
 
 
 def warm_plotting() -> threading.Thread:

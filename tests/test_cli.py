@@ -19,7 +19,7 @@ from rich.console import Console
 
 from cumf_dask.cli import main
 from cumf_dask.commands import OWN_DATA
-from cumf_dask.errors import ConfigError
+from cumf_dask.errors import ConfigError, StoreError
 from cumf_dask.output import Output, rmse_line
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -124,6 +124,19 @@ def test_a_failed_train_leaves_latest_on_the_last_model(flow, work):
         "--quiet", code=3)  # fmt: skip
     assert (work / "runs" / "tiny-latest").resolve() == before
     assert (before / "model.zarr").is_dir()
+
+
+def test_a_folder_of_runs_or_a_failed_run_is_named_as_such(tmp_path):
+    from cumf_dask.records import model_path
+
+    run = tmp_path / "runs" / "x-20261124-000000"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("{}\n")
+    (tmp_path / "runs" / "x-latest").symlink_to(run.name)
+    with pytest.raises(StoreError, match=r"is a folder of runs, not a model: .*x-latest"):
+        model_path(tmp_path / "runs")
+    with pytest.raises(StoreError, match="run folder without a saved model"):
+        model_path(run)
 
 
 def test_plan_ingests_the_store_and_prints_the_plan(flow, work):
