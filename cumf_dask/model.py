@@ -246,6 +246,7 @@ class ALS:
         self._maps: dict[str, IdMap] = {}
         self.user_factors_, self.item_factors_ = result.factors
         self._store = store
+        self._matched = {store.url}  # the fit's own store: its ids are the model's
         self._session: Session | None = result.session
 
     # ------------------------------------------------------------------ factors
@@ -440,11 +441,10 @@ class ALS:
                 f"{self.shape_[0]:,} x {self.shape_[1]:,}: use the store it was trained on"
             )
         for noun, axis in (("user", "rows"), ("item", "cols")):
-            ours, theirs = self._map(noun).labels, store.ids(axis)
-            row = _first_difference(ours, theirs, store.m if axis == "rows" else store.n)
-            if row is not None:
-                there, here = (row if a is None else a[row].item() if isinstance(a[row], np.generic)
-                               else a[row] for a in (theirs, ours))  # fmt: skip
+            size = store.m if axis == "rows" else store.n
+            differ = _first_difference(self._map(noun).labels, store.ids(axis), size)
+            if differ is not None:
+                row, here, there = differ
                 raise StoreError(
                     f"{store.url} numbers its {noun}s otherwise than the model ({noun} "
                     f"{there!r} at row {row} there, {here!r} in the model): use the store the "
@@ -522,15 +522,23 @@ class ALS:
         return model
 
 
-def _first_difference(ours: np.ndarray | None, theirs: np.ndarray | None, size: int) -> int | None:
-    """The first row whose id differs between two id arrays of `size` rows (None: the ids are
-    the indices), or None when they agree (numbers with numbers, text with text)."""
+def _first_difference(
+    ours: np.ndarray | None, theirs: np.ndarray | None, size: int
+) -> tuple[int, Any, Any] | None:
+    """(row, our id, their id) at the first row whose id differs between two id arrays of
+    `size` rows (None: the ids are the indices), or None when they agree (numbers with
+    numbers, text with text)."""
     ours = np.arange(size) if ours is None else np.asarray(ours)
     theirs = np.arange(size) if theirs is None else np.asarray(theirs)
     text = [a.dtype.kind in "OUS" for a in (ours, theirs)]
     if text[0] != text[1]:
-        return 0
-    if text[0]:
-        ours, theirs = ours.astype(str), theirs.astype(str)
-    differ = np.flatnonzero(ours != theirs)
-    return int(differ[0]) if differ.size else None
+        differ = np.zeros(1, np.int64)
+    else:
+        same = ours.astype(str) == theirs.astype(str) if text[0] else ours == theirs
+        differ = np.flatnonzero(~same)
+    if not differ.size:
+        return None
+    row = int(differ[0])
+    here, there = (a[row].item() if isinstance(a[row], np.generic) else a[row]
+                   for a in (ours, theirs))  # fmt: skip
+    return row, here, there

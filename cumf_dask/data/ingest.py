@@ -55,7 +55,7 @@ from ..errors import ConfigError, IngestError
 from .duplicates import DuplicatePolicy
 from .formats import FORMATS
 from .hashing import SplitKind
-from .limits import check_size
+from .limits import check_dimension
 from .readers import (
     Chunk,
     Column,
@@ -137,8 +137,8 @@ def ingest_file(
     if format not in FORMATS:
         raise ConfigError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     check_positive_int("chunk_rows", chunk_rows)
-    check_size("m", m)
-    check_size("n", n)
+    check_dimension("m", m)
+    check_dimension("n", n)
     check_scale(rating_min, rating_max)
     overrides = {"delimiter": delimiter, "header": header, "columns": columns}
     given = [key for key, value in overrides.items() if value is not None]

@@ -25,7 +25,7 @@ BAND_BYTES = 2048  # a band's task and summary while the store is built (generou
 BAND_ROW_BYTES = 96  # per row of the band being generated: degrees, ranks, pair keys
 
 
-def check_size(name: str, value: Any) -> None:
+def check_dimension(name: str, value: Any) -> None:
     """A declared m or n: None (ids mapped) or an integer >= 1."""
     if value is None:
         return

@@ -39,7 +39,7 @@ from ..paths import is_url, normalize_url
 from .bands import band_order_key, finish_store, init_store, transpose_band, write_band
 from .duplicates import DUPLICATE_POLICIES, DuplicatePolicy, resolve_duplicates
 from .hashing import SPLITS, SplitKind, split_mask, user_split_mask
-from .limits import check_fits, check_size
+from .limits import check_dimension, check_fits
 from .parallel import run_tasks
 from .store import MAX_TILE, RatingsStore, default_tile
 from .target import check_target, claim, discard, publish, work_url
@@ -82,8 +82,8 @@ class StoreBuilder:
         url = normalize_url(url)
         check_positive_int("tile_rows", tile_rows, optional=True)
         check_positive_int("tile_cols", tile_cols, optional=True)
-        check_size("m", m)
-        check_size("n", n)
+        check_dimension("m", m)
+        check_dimension("n", n)
         self._tile_given = tile_rows is not None
         if tile_rows is None:
             tile_rows = default_tile(m, n, expected_nnz) if m and n and expected_nnz else 65536
