@@ -1,7 +1,8 @@
 """The ``cumf-dask`` command: generate, ingest, info, plan, train, evaluate, recommend, bench.
 
 Exit codes a script can rely on: 0 success; 2 bad usage or config; 3 bad data, store or
-model file; 4 no plan fits or a worker ran out of memory; 130 interrupted; 1 anything else.
+model file; 4 no plan fits, or a worker or this machine ran out of memory; 130 interrupted;
+1 anything else.
 ``--json`` prints one JSON document on stdout and nothing else there (on failure
 ``{"error": ..., "exit_code": ...}``); ``--quiet`` prints only errors. Both may come before
 or after the command. Progress bars and log lines go to stderr; bars only on a terminal.
@@ -150,7 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     _generate(add("generate", c.cmd_generate, "write a synthetic planted-model store"))
     _ingest(add("ingest", c.cmd_ingest, "read a ratings file into a store"))
-    add("info", c.cmd_info, "describe a store").add_argument("store", help="store path or URL")
+    i = add("info", c.cmd_info, "describe a store")
+    i.add_argument("store", help="store path or URL")
+    i.add_argument("--verify", action="store_true", help="read every chunk and check that the "
+                   "store's ratings, counts and both orientations agree")  # fmt: skip
     _job(add("plan", c.cmd_plan, "print the plan and time forecast of a config (on a local "
              "machine without starting a cluster)"), train=False)  # fmt: skip
     _job(add("train", c.cmd_train, "run a configured training job"), train=True)
@@ -214,6 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = next((code for kind, code in EXIT.items() if isinstance(exc, kind)), 1)
         out.error(str(exc), code)
         return code
+    except MemoryError as exc:  # the host's (a device's is a DeviceMemoryError, above)
+        detail = f": {exc}" if str(exc) else ""
+        out.error(f"this machine ran out of memory during `{args.command}` (MemoryError"
+                  f"{detail}); free memory or use a machine with more. Nothing half-written "
+                  "was kept", 4)  # fmt: skip
+        return 4
     except KeyboardInterrupt:
         out.error("interrupted", 130)
         return 130

@@ -72,7 +72,14 @@ def cmd_ingest(args: argparse.Namespace, out: Output) -> None:
 def cmd_info(args: argparse.Namespace, out: Output) -> None:
     from .data.store import RatingsStore
 
-    report_store(RatingsStore.open(args.store), out)
+    store = RatingsStore.open(args.store)
+    verified = None
+    if args.verify:
+        from .data.verify import verify_store
+
+        with out.progress() as progress:
+            verified = verify_store(store, progress)
+    report_store(store, out, verified)
 
 
 def run_name(url: str) -> str:

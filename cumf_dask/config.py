@@ -167,7 +167,7 @@ class ClusterConfig:
     processes: bool | Literal["auto"] = "auto"
     memory_limit: Size | None = None  # host memory per local worker (CPU or GPU), e.g. "4GB"
     devices: list[int] | None = None  # GPUs to use (CUDA_VISIBLE_DEVICES), None: all
-    rmm_pool_size: str | None = None  # e.g. "20GB": RMM pool per GPU worker; None: 4GB over UCX
+    rmm_pool_size: Size | None = None  # RMM pool per GPU worker: "20GB", "50%"; None: 4GB over UCX
     protocol: Protocol = "auto"  # transport between local GPU workers; auto: UCX if it can
     dashboard_address: str | None = ":0"  # None: no dashboard
 
@@ -398,6 +398,7 @@ _RANGES: dict[str, Callable[[str, Any], None]] = {
     "plan.memory_budget": partial(check_size, of="the worker's memory"),
     "plan.headroom": partial(check_size, of="the budget", free=True),
     "cluster.memory_limit": check_size,  # no share: the cluster reads it as bytes
+    "cluster.rmm_pool_size": partial(check_size, of="the GPU's memory"),
 }
 
 

@@ -85,9 +85,12 @@ def store_info(store: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def report_store(store: Any, out: Output) -> None:
-    """The store's description: a table for people, store_info as JSON for scripts."""
+def report_store(store: Any, out: Output, verified: dict[str, Any] | None = None) -> None:
+    """The store's description: a table for people, store_info as JSON for scripts; with
+    what :func:`~cumf_dask.data.verify.verify_store` read, when it was asked for."""
     info = store_info(store)
+    if verified is not None:
+        info["verified"] = verified
 
     def human() -> None:
         table = Table(title=f"rating store {escape(info['url'])}", show_header=False)
@@ -109,6 +112,10 @@ def report_store(store: Any, out: Output) -> None:
         table.add_row("ids", "the input's own ids, kept" if info["has_ids"] else "dense indices")
         source = ", ".join(f"{key} {_short(value)}" for key, value in info["source"].items())
         table.add_row("source", escape(source))
+        if verified is not None:
+            rate = (verified["bytes_on_disk"] or 0) / max(verified["seconds"], 1e-9)
+            table.add_row("verified", f"every chunk read and checked in {verified['seconds']:.1f} s"
+                          + (f" ({size_text(rate)}/s)" if rate else ""))  # fmt: skip
         Console().print(table)
 
     out.result(info, human)

@@ -228,6 +228,14 @@ def test_generate_and_info(work, run_cli):
     human = run_cli("info", "data/gen.zarr")[0]
     assert "300 x 50" in human and "degree" in human
     assert cli(work, "--quiet", "info", "data/gen.zarr").stdout == ""
+    verified = json.loads(run_cli("info", "data/gen.zarr", "--verify", "--json")[0])["verified"]
+    assert (verified["ratings"], verified["held_out"]) == (info["nnz"], info["nnz_test"])
+    assert "every chunk read and checked" in run_cli("info", "--verify", "data/gen.zarr")[0]
+    shard = next((work / "data/gen.zarr/by_col/0/val/c").iterdir())
+    shard.write_bytes(shard.read_bytes()[:-5] + b"\0" * 5)  # a damaged shard index
+    run_cli("info", "data/gen.zarr", code=0)  # the metadata alone looks sound
+    _, err = run_cli("info", "data/gen.zarr", "--verify", code=3)
+    assert "damaged store" in err
 
 
 def test_ingest_quiet_prints_nothing(work):
@@ -256,6 +264,18 @@ def test_exit_codes(work, run_cli, args, code, message):
 
 def test_bench_lists_the_available_benchmarks(run_cli):
     assert re.search(r"available: .*kernels", run_cli("bench", "nosuch", code=2)[1])
+
+
+def test_running_out_of_host_memory_is_one_error(work, run_cli, monkeypatch):
+    from cumf_dask.data.spill import StoreBuilder
+
+    def too_big(*args, **kwargs):
+        raise MemoryError("Unable to allocate 9.1 TiB")
+
+    monkeypatch.setattr(StoreBuilder, "add", too_big)
+    _, err = run_cli("ingest", "ratings.csv", "-o", "data/oom.zarr", code=4)
+    assert "ran out of memory during `ingest`" in err and "9.1 TiB" in err
+    assert "Traceback" not in err and not (work / "data/oom.zarr").exists()
 
 
 def test_no_plan_fits_exits_4(flow, run_cli):

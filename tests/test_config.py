@@ -252,6 +252,8 @@ def test_memory_budget_is_a_size_or_a_share(value, total, expected):
         ("cluster.memory_limit=0GB", r"'cluster\.memory_limit' must be positive"),
         ("cluster.memory_limit=50%", r"'cluster\.memory_limit' must be a size in bytes"),
         ("cluster.memory_limit=0.5", r"'cluster\.memory_limit' must be a size in bytes"),
+        ("cluster.rmm_pool_size=lots", r"'cluster\.rmm_pool_size' must be a size"),
+        ("cluster.rmm_pool_size=150%", r"'cluster\.rmm_pool_size' is a share of the GPU"),
     ],
 )
 def test_bad_sizes_name_the_key(override, message):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import os
+import re
 import time
 
 import fsspec
@@ -285,6 +286,10 @@ def test_arrays_errors(tmp_path):
         ingest_arrays(tmp_path / "a.zarr", [0, 1], [1, 4], [3.0, 2.0], shape=(2, 4))
     with pytest.raises(IngestError, match=r"user 'b', item 'x' \(records 1 and 2\)"):
         ingest_arrays(tmp_path / "a.zarr", ["a", "b", "b"], ["x", "x", "x"], [1.0, 2.0, 3.0])
+    for ratings in (np.array([1 + 2j, 3]), np.array([1, 2], "m8[s]")):
+        message = re.escape(f"ratings of dtype {ratings.dtype} are not real numbers")
+        with pytest.raises(IngestError, match=message):
+            ingest_arrays(tmp_path / "a.zarr", [0, 1], [1, 0], ratings)
     with pytest.raises(IngestError, match=r"scipy\.sparse"):
         ingest_scipy(np.ones((2, 2)), tmp_path / "a.zarr")
     assert_nothing_at(tmp_path / "a.zarr")

@@ -37,7 +37,9 @@ def test_gpu_workers_over_ucx_start_with_an_rmm_pool(monkeypatch):
     monkeypatch.setattr(cluster, "has_module", lambda name: True)
     assert rmm_pool(ClusterConfig(), ucx=True) == NVLINK_RMM_POOL
     assert rmm_pool(ClusterConfig(), ucx=False) is None
-    assert rmm_pool(ClusterConfig(rmm_pool_size="20GB"), ucx=False) == "20GB"
+    assert rmm_pool(ClusterConfig(rmm_pool_size="20GB"), ucx=False) == 20 * 10**9
+    assert rmm_pool(ClusterConfig(rmm_pool_size="50%"), ucx=False) == 0.5  # dask-cuda's share
+    assert rmm_pool(ClusterConfig(rmm_pool_size=2**30), ucx=False) == 2**30
     monkeypatch.setattr(cluster, "has_module", lambda name: False)  # rmm not installed
     assert rmm_pool(ClusterConfig(), ucx=True) is None
 

@@ -25,6 +25,7 @@ from cumf_dask.data.store import (
     band_chunk,
     default_tile,
 )
+from cumf_dask.data.verify import verify_store
 from cumf_dask.errors import ConfigError, IngestError, PlanError, StoreError
 
 M, N = 130, 70
@@ -370,6 +371,66 @@ def test_damaged_or_missing_data_is_an_error_never_zeros(tmp_path, ratings, dama
             store.counts(orient)
             store.read_block(orient, (0, store.shape(orient)[0]), (0, store.shape(orient)[1]))
     assert "rebuild" in str(err.value)
+
+
+def _split_store(url, ratings, **kwargs):
+    rows, cols, vals = ratings
+    return build_store(url, rows, cols, vals, shape=(M, N), tile_rows=64, tile_cols=32,
+                       test_fraction=0.2, **kwargs)  # fmt: skip
+
+
+def test_verify_reads_a_sound_store_whole(tmp_path, ratings):
+    store = _split_store(str(tmp_path / "s.zarr"), ratings)
+    stages = set()
+    done = verify_store(store, lambda stage, i, total: stages.add(stage))
+    assert (done["ratings"], done["held_out"]) == (store.nnz, store.nnz_test)
+    assert store.nnz_test > 0 and store.nnz + store.nnz_test == len(ratings[2])
+    assert stages == {"verify rows", "verify cols", "verify rows (held out)"}
+
+
+@pytest.mark.parametrize("damage", [d for d in DAMAGE if "metadata" not in d])
+def test_verify_finds_damage_that_opening_does_not(tmp_path, ratings, damage):
+    url = str(tmp_path / "s.zarr")
+    _split_store(url, ratings)
+    DAMAGE[damage](url)
+    with pytest.raises(StoreError, match="damaged store") as err:
+        verify_store(RatingsStore.open(url))
+    assert "rebuild" in str(err.value)
+
+
+def test_verify_finds_sound_chunks_that_disagree(tmp_path, ratings):
+    """Chunks that each pass their checksums but do not belong together: the column bands
+    of another store with the same ratings' positions, a held-out band of another split,
+    stats that do not match the values."""
+    rows, cols, vals = ratings
+    url, other = str(tmp_path / "s.zarr"), str(tmp_path / "o.zarr")
+    _split_store(url, ratings)
+    _split_store(other, (rows, cols, vals + 0.5))
+    shutil.rmtree(Path(url) / "by_col" / "1")
+    shutil.copytree(Path(other) / "by_col" / "1", Path(url) / "by_col" / "1")
+    with pytest.raises(StoreError, match="row and column bands hold different ratings"):
+        verify_store(RatingsStore.open(url))
+
+    _split_store(url, ratings, overwrite=True)
+    _split_store(other, ratings, overwrite=True, split_seed=1)
+    shutil.rmtree(Path(url) / "test" / "0")
+    shutil.copytree(Path(other) / "test" / "0", Path(url) / "test" / "0")
+    with pytest.raises(StoreError, match=r"row band 0 \(test\) holds \d+ ratings, band_nnz"):
+        verify_store(RatingsStore.open(url))
+
+    store = _split_store(url, ratings, overwrite=True)
+    group = zarr.open_group(url, mode="r+")
+    group.attrs["stats"] = {**store.stats, "max": store.stats["max"] + 1}
+    with pytest.raises(StoreError, match="do not match its stats"):
+        verify_store(RatingsStore.open(url))
+
+
+def test_held_out_counts_are_checked_on_open(tmp_path, ratings):
+    url = str(tmp_path / "s.zarr")
+    store = _split_store(url, ratings)
+    zarr.open_group(url, mode="r+").attrs["nnz_test"] = store.nnz_test + 1
+    with pytest.raises(StoreError, match="test holds"):
+        RatingsStore.open(url)
 
 
 def test_a_fit_on_a_damaged_store_fails_with_the_store_error(tmp_path, ratings, client2):

@@ -364,6 +364,10 @@ def ingest_chunks(
 def _ratings(chunk: Chunk, records: Records, scale: Scale) -> np.ndarray:
     """The chunk's ratings as float64: finite numbers, within the declared scale if any, else
     within +-MAX_RATING; the first that is not is an error naming its line."""
+    dtype = getattr(chunk.ratings, "dtype", None)
+    if getattr(dtype, "kind", "") in ("c", "m", "M"):  # complex, timedelta, datetime
+        raise IngestError(f"ratings of dtype {dtype} are not real numbers; convert them to "
+                          "an integer or float dtype first")  # fmt: skip
     try:
         values = np.asarray(chunk.ratings, dtype=np.float64)
     except (TypeError, ValueError):  # text that is not a number: find it

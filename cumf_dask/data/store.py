@@ -51,6 +51,7 @@ VERSION = 2
 CHUNK = 1 << 22  # entries per zarr chunk of the id maps: 16 MB of int32/float32
 BAND_CHUNK = 1 << 20  # entries per inner chunk of a band's (sharded) arrays, at most
 MIN_BAND_CHUNK = 1 << 18  # ... and at least (for bands that hold that many)
+PARALLEL_COUNTS = 2 * CHUNK  # longer runs of row_nnz / col_nnz are decoded on every core
 Orientation = Literal["row", "col"]
 Split = Literal["train", "test"]
 _GROUPS = {"row": "by_row", "col": "by_col", "test": "test"}
@@ -165,14 +166,18 @@ class RatingsStore:
 
         need("row_nnz", (self.m,))
         need("col_nnz", (self.n,))
-        for orient, bands in (("row", self.n_row_tiles), ("col", self.n_col_tiles)):
-            name = _GROUPS[orient]
+        splits = [("row", "train", self.n_row_tiles, self.nnz),
+                  ("col", "train", self.n_col_tiles, self.nnz)]  # fmt: skip
+        if self.has_test:
+            splits.append(("row", "test", self.n_row_tiles, self.nnz_test))
+        for orient, split, bands, nnz in splits:
+            name = band_group(orient, split)  # type: ignore[arg-type]
             need(f"{name}/band_nnz", (bands,))
-            total = int(self.band_nnz(orient).sum())  # type: ignore[arg-type]
-            if total != self.nnz:
+            total = int(self.band_nnz(orient, split).sum())  # type: ignore[arg-type]
+            if total != nnz:
                 raise StoreError(
                     f"{self.url}: damaged store: {name} holds {total} ratings, attrs say "
-                    f"{self.nnz}; rebuild it"
+                    f"{nnz}; rebuild it"
                 )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -273,7 +278,8 @@ class RatingsStore:
         """Training ratings per row ("row") or per column ("col") of [lo, hi), int64."""
         lo, hi = rows if rows is not None else (0, self.shape(orient)[0])
         name = "row_nnz" if orient == "row" else "col_nnz"
-        (counts,) = self.read([(name, lo, hi)])
+        threads = (os.cpu_count() or 1) if hi - lo > PARALLEL_COUNTS else 1
+        (counts,) = self.read([(name, lo, hi)], threads)
         if counts.size and counts.min() < 0:
             raise StoreError(f"{self.url}: damaged store: '{name}' has missing entries; rebuild it")
         return counts

@@ -21,7 +21,7 @@ from distributed import Client, WorkerPlugin
 
 from ..backend import resolve_backend_name
 from ..compat import has_module
-from ..config import ClusterConfig, parse_size
+from ..config import ClusterConfig, parse_size, read_size
 from ..devices import cuda_device_count, gpu_memories, gpu_total_memory, has_cuda
 from ..errors import ConfigError, CumfError
 from . import tasks
@@ -210,11 +210,13 @@ def _cuda_cluster(config: ClusterConfig) -> Any:
     return LocalCUDACluster(**kwargs)
 
 
-def rmm_pool(config: ClusterConfig, ucx: bool) -> str | None:
-    """The RMM pool each worker of a local GPU cluster starts with: cluster.rmm_pool_size,
-    else NVLINK_RMM_POOL when the workers talk over UCX and rmm is installed, else none."""
+def rmm_pool(config: ClusterConfig, ucx: bool) -> str | int | float | None:
+    """The RMM pool each worker of a local GPU cluster starts with: cluster.rmm_pool_size
+    (bytes, or a share of the GPU's memory as dask-cuda takes it: a float in (0, 1]), else
+    NVLINK_RMM_POOL when the workers talk over UCX and rmm is installed, else none."""
     if config.rmm_pool_size:
-        return config.rmm_pool_size
+        size, share = read_size(config.rmm_pool_size)
+        return size if share else int(size)
     return NVLINK_RMM_POOL if ucx and has_module("rmm") else None
 
 
