@@ -7,7 +7,8 @@ aside only once the new one is complete. Factors are written by one task per Zar
 Dask array is rechunked to the Zarr chunks first), so no chunk is written twice. Writers
 exclude each other (:class:`~cumf_dask.locks.WriterLock`: a model's ``<path>.lock``, a
 checkpoint folder's ``<folder>.lock``); what a killed writer left (``.tmp-*``, ``.old-*``)
-is removed by the next writer of the same target.
+is dealt with by the next writer of the same target, with a warning: a complete copy is put
+back where the target is missing, the rest removed.
 
 Integrity. Each array's digest is written with it: a CRC-32 of every chunk's bytes (chunks of
 ROW_CHUNK rows, computed by the task that writes the chunk), in the group's attrs. Reading
@@ -26,6 +27,7 @@ folder keeps two) and says so with a :class:`~cumf_dask.errors.CumfWarning`.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import uuid
@@ -102,7 +104,7 @@ def write_factors(
     path = Path(local_path(path))
     check_writable(path, what)
     with WriterLock(path, what) if lock else nullcontext():
-        _remove_leftovers(path)
+        _settle_leftovers(path)
         if not replace_any:
             _check_replaceable(path)
         tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
@@ -137,13 +139,48 @@ def _check_replaceable(path: Path) -> None:
             )
 
 
-def _remove_leftovers(path: Path) -> None:
-    """Temporary folders a killed writer of `path` left (the caller holds the lock)."""
+def _leftovers(path: Path) -> list[Path]:
+    """The folders a killed writer of `path` left: ``.tmp-*`` (a write not yet in place, or
+    complete but not renamed in) and ``.old-*`` (the one it replaced)."""
     if not path.parent.is_dir():
-        return
-    for prefix in (".tmp-", ".old-"):
-        for old in path.parent.glob(f"{prefix}{path.name}-*"):
-            shutil.rmtree(old, ignore_errors=True)
+        return []
+    return [p for prefix in (".tmp-", ".old-") for p in path.parent.glob(f"{prefix}{path.name}-*")]
+
+
+def _is_complete(path: Path) -> bool:
+    """A complete model or checkpoint (its writer marks it so last)."""
+    try:
+        attrs = json.loads((path / "zarr.json").read_text()).get("attributes", {})
+    except (OSError, ValueError):
+        return False
+    formats = (MODEL_FORMAT, CHECKPOINT_FORMAT)
+    return attrs.get("complete") is True and attrs.get("format") in formats
+
+
+def _settle_leftovers(path: Path) -> None:
+    """Deal with what a killed writer of `path` left (the caller holds the lock). When `path`
+    is missing (a save killed between its two renames), the newest complete leftover is put
+    back in its place (the new write before the old one); the rest is removed. Each step is
+    reported with a CumfWarning."""
+    found, notes = _leftovers(path), []
+    if not path.exists():
+        complete = [p for p in found if _is_complete(p)]
+        if complete:
+            best = max(complete, key=lambda p: (p.name.startswith(".tmp-"), p.stat().st_mtime))
+            best.rename(path)
+            found.remove(best)
+            notes.append(f"put {best.name} back in its place")
+    notes += [_remove(p) for p in found]
+    if notes:
+        warnings.warn(f"{path}: an interrupted save left folders beside it: {'; '.join(notes)}",
+                      CumfWarning, stacklevel=3)  # fmt: skip
+
+
+def _remove(path: Path) -> str:
+    """Delete a leftover folder; 'removed NAME (SIZE)' for the warning that reports it."""
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    shutil.rmtree(path, ignore_errors=True)
+    return f"removed {path.name} ({_mb(size)})"
 
 
 def _write_arrays(group: Any, where: str, arrays: dict[str, Any], compute: Compute | None) -> dict:
@@ -225,6 +262,13 @@ def _open(path: str | Path, expect_format: str, kind: str) -> tuple[Any, dict]:
     except (FileNotFoundError, zarr.errors.GroupNotFoundError):
         if where.is_dir() and any(where.iterdir()):
             raise _damaged(path, kind, "its zarr.json (the group's metadata) is missing") from None
+        left = [p.name for p in _leftovers(where) if _is_complete(p)]
+        if left:
+            raise StoreError(
+                f"{path}: no saved model or checkpoint here, but an interrupted save left "
+                f"complete copies beside it ({', '.join(sorted(left))}): rename the newest to "
+                f"{where.name}, or save again (that puts one back)"
+            ) from None
         raise StoreError(f"{path}: no saved model or checkpoint here") from None
     except Exception as exc:
         raise _damaged(path, kind, f"its zarr.json cannot be read ({exc})") from None
@@ -310,6 +354,10 @@ def _damaged(path: Any, kind: str, detail: str) -> StoreError:
 # ----------------------------------------------------------------------------- checkpoints
 
 
+def _is_checkpoint_name(name: str) -> bool:
+    return name.startswith("iter-") and name[5:].isdigit()
+
+
 class Checkpointer:
     """Per-iteration checkpoints in a directory: iter-00003/ ... plus an atomic LATEST file.
 
@@ -326,9 +374,10 @@ class Checkpointer:
         """Hold the folder's writer lock; a killed save's temporary folders are removed."""
         check_writable(self.directory, "checkpoints", folder=True)
         with WriterLock(self.directory, "the checkpoint folder"):
-            if self.directory.is_dir():
-                for old in self.directory.glob(".tmp-*"):
-                    shutil.rmtree(old, ignore_errors=True)
+            removed = [_remove(p) for p in self.directory.glob(".tmp-*") if p.is_dir()]
+            if removed:
+                warnings.warn(f"{self.directory}: a killed checkpoint write left folders: "
+                              f"{'; '.join(removed)}", CumfWarning, stacklevel=3)  # fmt: skip
             yield
 
     def name(self, iteration: int) -> str:
@@ -360,7 +409,7 @@ class Checkpointer:
         pointer.write_text(name + "\n")
         os.replace(pointer, self.directory / "LATEST")
         for old in self.directory.glob("iter-*"):
-            number = int(old.name.removeprefix("iter-")) if old.name[5:].isdigit() else None
+            number = int(old.name[5:]) if _is_checkpoint_name(old.name) else None
             # earlier than the last `keep`, or left by a longer run: never the new one
             if number is not None and not iteration - self.keep < number <= iteration:
                 shutil.rmtree(old, ignore_errors=True)
@@ -375,18 +424,24 @@ class Checkpointer:
         except OSError:
             return None
 
+    def names(self) -> list[str]:
+        """The checkpoints' folder names, newest first."""
+        found = (p.name for p in self.directory.glob("iter-*") if _is_checkpoint_name(p.name))
+        return sorted(found, reverse=True)
+
     def latest(self) -> tuple[int, dict, dict] | None:
         """(iteration, attrs, arrays) of the last intact checkpoint, or None if there is none.
 
         The one LATEST names is tried first, then the earlier ones, newest first; each one
         skipped for damage is reported with a CumfWarning. None intact is a StoreError.
         """
-        pointer = self._pointer()
-        names = sorted(
-            (p.name for p in self.directory.glob("iter-*") if p.name[5:].isdigit()), reverse=True
-        )
+        pointer, names = self._pointer(), self.names()
         if pointer is None and not names:
             return None
+        if pointer is not None and pointer not in names:
+            warnings.warn(f"{self.directory}/LATEST names {pointer[:40]!r}, not a checkpoint "
+                          "there; trying the newest one", CumfWarning, stacklevel=2)  # fmt: skip
+            pointer = None
         if pointer is not None:
             names = [pointer] + [n for n in names if n < pointer]
         problems = []

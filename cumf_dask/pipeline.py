@@ -333,7 +333,8 @@ def _train(
     if store is None:
         store = prepare_store(config, client, progress, log)
     run = run or RunFolder.create(config)
-    run.write_config(config)
+    if not resume:  # a resumed run's record changes only once its fit succeeds
+        run.write_config(config)
     warm_plotting()  # the plot at the end does not wait for matplotlib's import
     started = time.perf_counter()
     iterations = config.model.iterations
@@ -352,6 +353,8 @@ def _train(
     if progress:
         progress("train", 0, iterations)
     model.fit(store, client=client, resume=resume)
+    if resume:
+        run.write_config(config)
     run.write_plan(model.plan_)
     cleared = run.clear_damaged_model()
     if cleared:

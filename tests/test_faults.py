@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,7 @@ from cumf_dask.errors import (
     IngestError,
     NumericalError,
     StoreError,
+    WorkerLostError,
 )
 from cumf_dask.evaluate import ranking_metrics
 from cumf_dask.model import ALS
@@ -174,6 +176,50 @@ def test_damaged_newest_checkpoint_falls_back_and_resume_matches(store, client2,
     damage(ckpt / "iter-00002", "deleted group metadata")
     with pytest.raises(StoreError, match="no intact checkpoint to resume from"):
         ck.Checkpointer(ckpt).latest()
+
+
+def test_a_garbled_latest_pointer_falls_back_to_the_newest_checkpoint(tmp_path):
+    ckpt = ck.Checkpointer(tmp_path / "ckpt")
+    for it in (1, 2):
+        factors = np.full((3, 2), it, np.float32)
+        ckpt.save(it, {"user_factors": factors, "item_factors": factors}, {"m": 3})
+    for garbled in ("iter-0000", "\0\0\0", "iter-00007"):
+        (tmp_path / "ckpt" / "LATEST").write_text(garbled)
+        with pytest.warns(CumfWarning, match="LATEST names .*, not a checkpoint there"):
+            assert ckpt.latest()[0] == 2
+
+
+def test_a_save_killed_between_its_renames_is_put_back(store, tmp_path):
+    """Killed after the old model was renamed aside and before the new one was renamed in:
+    loading names both copies; the next save puts the new one back first and says so."""
+    path = tmp_path / "m.zarr"
+    old, new = fitted(store), fitted(store, seed=1)
+    old.save(path)
+    new.save(tmp_path / "new.zarr")
+    path.rename(tmp_path / ".old-m.zarr-00000001")
+    (tmp_path / "new.zarr").rename(tmp_path / ".tmp-m.zarr-00000002")
+    with pytest.raises(StoreError, match=r"interrupted save left complete copies beside it "
+                       r"\(\.old-m\.zarr-00000001, \.tmp-m\.zarr-00000002\)"):  # fmt: skip
+        ALS.load(path)
+    with pytest.warns(CumfWarning, match=r"put \.tmp-m\.zarr-00000002 back in its place; "
+                      r"removed \.old-m\.zarr-00000001 \([\d.]+ MB\)"):  # fmt: skip
+        ck._settle_leftovers(path)
+    np.testing.assert_array_equal(ALS.load(path).user_factors_, new.user_factors_)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.zarr"]
+
+
+def test_a_client_closed_during_the_fit_is_one_error(store):
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as client:  # fmt: skip
+
+        def close_it(record):
+            client.close()
+
+        with pytest.raises(WorkerLostError, match=r"client was closed or lost its scheduler "
+                           r"\(client closed: .*run again with --resume"):  # fmt: skip
+            ALS(3, 0.05, 5, backend="numpy", callbacks=[close_it]).fit(store, client=client)
 
 
 # ----------------------------------------------------------------------------- numbers
@@ -537,7 +583,10 @@ def test_resume_restores_a_final_model_cut_short(store, client2, tmp_path):
         else:  # killed while a partial model.zarr was being written in place
             (first.run.model / "zarr.json").unlink()
         logs: list[str] = []
-        again = train(config, resume=True, client=client2, log=logs.append)
+        with pytest.warns(CumfWarning, match=r"removed \.tmp-model\.zarr-0badf00d") if (
+            cut == "missing"
+        ) else nullcontext():
+            again = train(config, resume=True, client=client2, log=logs.append)
         assert again.run.path == first.run.path
         restored = ALS.load(first.run.model)
         np.testing.assert_array_equal(restored.user_factors_, reference.user_factors_)
@@ -546,3 +595,9 @@ def test_resume_restores_a_final_model_cut_short(store, client2, tmp_path):
         assert (cut == "no metadata") == any("removed the incomplete or damaged" in x for x in logs)
     lines = (first.run.path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == [1, 2]
+    recorded = (first.run.path / "config.yaml").read_text()
+    config.model.factors = 4
+    with pytest.raises(StoreError, match=r"another fit \(factors: 3 there, 4 here\); run "
+                       "without --resume"):  # fmt: skip
+        train(config, resume=True, client=client2, log=lambda _: None)
+    assert (first.run.path / "config.yaml").read_text() == recorded  # the run's record stays

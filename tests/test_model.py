@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from conftest import random_ratings
 
+from cumf_dask.data.ingest import ingest_arrays
 from cumf_dask.data.inputs import ingest_input
 from cumf_dask.data.spill import build_store
-from cumf_dask.errors import ConfigError, NotFittedError, StoreError
+from cumf_dask.errors import ConfigError, CumfWarning, NotFittedError, StoreError
 from cumf_dask.model import ALS
 
 M, N = 70, 40
@@ -56,7 +57,9 @@ def test_interrupted_checkpoint_write_keeps_previous(store, client, tmp_path):
     ALS(4, 0.05, 2, backend="numpy", checkpoint_dir=str(ckpt)).fit(store, client=client)
     (ckpt / ".tmp-iter-00003-deadbeef").mkdir()  # what a crash mid-write leaves behind
     model = ALS(4, 0.05, 2, backend="numpy", checkpoint_dir=str(ckpt))
-    model.fit(store, client=client, resume=True)
+    with pytest.warns(CumfWarning, match=r"killed checkpoint write .* \.tmp-iter-00003-dead"):
+        model.fit(store, client=client, resume=True)
+    assert not list(ckpt.glob(".tmp-*"))
     assert [r["iteration"] for r in model.metrics_] == [1, 2]
 
 
@@ -76,6 +79,27 @@ def test_resume_of_another_fit_is_refused(store, client, tmp_path):
     again = ALS(4, 0.05, 2, seed=7, solver="cg", backend="numpy", checkpoint_dir=ckpt)
     again.fit(store, client=client, resume=True)
     assert [r["iteration"] for r in again.metrics_] == [1, 2]
+    with pytest.raises(ConfigError, match="checkpoint is at iteration 2, past the 1 asked for"):
+        ALS(4, 0.05, 1, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client, resume=True)
+
+
+def test_resume_on_ids_numbered_otherwise_is_refused(client, tmp_path):
+    """The same ratings ingested in another order: counts and statistics agree, the ids'
+    numbering does not, so the checkpoint's rows would belong to other users."""
+    rng = np.random.default_rng(5)
+    pairs = rng.choice(40 * 25, 300, replace=False)  # distinct (user, item) pairs
+    users = np.array([f"u{p // 25}" for p in pairs])
+    items = np.array([f"i{p % 25}" for p in pairs])
+    ratings = rng.uniform(1, 5, 300)
+    order = rng.permutation(users.size)
+    first = ingest_arrays(tmp_path / "a.zarr", users, items, ratings, test_fraction=0)
+    again = ingest_arrays(tmp_path / "b.zarr", users[order], items[order], ratings[order],
+                          test_fraction=0)  # fmt: skip
+    assert (first.nnz, first.stats) == (again.nnz, pytest.approx(again.stats))
+    ckpt = str(tmp_path / "ckpt")
+    ALS(3, 0.1, 1, backend="numpy", checkpoint_dir=ckpt).fit(first, client=client)
+    with pytest.raises(StoreError, match="user ids: numbered otherwise"):
+        ALS(3, 0.1, 2, backend="numpy", checkpoint_dir=ckpt).fit(again, client=client, resume=True)
 
 
 def test_predict_rmse_recommend_save_load(store, client, tmp_path):
@@ -183,7 +207,8 @@ def test_checkpoints_of_a_shorter_rerun_survive(store, client, tmp_path):
     """A longer earlier run in the same folder never makes the new checkpoint disappear."""
     ckpt = str(tmp_path / "ckpt")
     ALS(3, 0.05, 4, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client)
-    ALS(3, 0.05, 1, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client)
+    with pytest.warns(CumfWarning, match=r"checkpoints of an earlier fit \(iter-00004, iter-"):
+        ALS(3, 0.05, 1, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client)
     resumed = ALS(3, 0.05, 2, backend="numpy", checkpoint_dir=ckpt)
     resumed.fit(store, client=client, resume=True)
     assert [r["iteration"] for r in resumed.metrics_] == [1, 2]

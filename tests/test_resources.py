@@ -82,3 +82,25 @@ def test_local_gpu_resources_are_what_the_started_cluster_reports():
     expected = local_resources(config)
     with cluster_client(config) as client:
         assert client_resources(client, "cupy") == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("size", "fraction"), [("10%", 0.1), ("2GB", None)])
+def test_a_gpu_cluster_starts_with_the_rmm_pool_asked_for(size, fraction):
+    """cluster.rmm_pool_size as bytes or as a share of the GPU reaches dask-cuda as such."""
+    pytest.importorskip("rmm")
+    config = ClusterConfig(backend="cupy", dashboard_address=None, rmm_pool_size=size)
+
+    def pool_and_total() -> tuple[int, int]:
+        import cupy
+        import rmm
+
+        resource = rmm.mr.get_current_device_resource()
+        while not isinstance(resource, rmm.mr.PoolMemoryResource):
+            resource = resource.upstream_mr  # dask-cuda may wrap the pool (statistics, ...)
+        return resource.pool_size(), cupy.cuda.Device().mem_info[1]
+
+    with cluster_client(config) as client:
+        for pool, total in client.run(pool_and_total).values():
+            want = fraction * total if fraction else 2e9
+            assert abs(pool - want) <= 2**21  # dask-cuda rounds to its alignment

@@ -29,8 +29,9 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Sequence
-from contextlib import nullcontext, suppress
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,7 @@ from ..config import PlanConfig
 from ..data.store import RatingsStore
 from ..errors import (
     ConfigError,
+    CumfError,
     CumfWarning,
     DeviceMemoryError,
     NumericalError,
@@ -108,9 +110,11 @@ class ALSParams:
         )  # fmt: skip
 
     def attrs(self, store: RatingsStore) -> dict[str, Any]:
-        """What a checkpoint records of the fit: the settings, the shape, and the ratings'
-        counts and statistics (which a resumed fit must match)."""
-        return {**self.settings(), "m": store.m, "n": store.n, "ratings": ratings_digest(store)}
+        """What a checkpoint records of the fit: the settings, the shape, the ratings' counts
+        and statistics, and a digest of the ids (which a resumed fit must all match). Reads
+        the store's ids: made once per fit."""
+        return {**self.settings(), "m": store.m, "n": store.n, "ratings": ratings_digest(store),
+                "ids": ids_digest(store)}  # fmt: skip
 
     def settings(self) -> dict[str, Any]:
         """The hyper-parameters a checkpoint or saved model records."""
@@ -142,16 +146,35 @@ def ratings_digest(store: RatingsStore) -> dict[str, Any]:
     return {"nnz": store.nnz, "nnz_test": store.nnz_test, **store.stats}
 
 
-def resume_mismatch(attrs: dict[str, Any], params: ALSParams, store: RatingsStore) -> list[str]:
+def ids_digest(store: RatingsStore) -> dict[str, int | None]:
+    """A CRC-32 of the store's user and of its item ids (None: dense indices). The same
+    ratings ingested in another order number their ids otherwise: the counts and statistics
+    agree, these do not."""
+    out: dict[str, int | None] = {}
+    for axis in ("rows", "cols"):
+        ids = store.ids(axis)  # type: ignore[arg-type]
+        if ids is None:
+            out[axis] = None
+        elif ids.dtype.kind in "iuf":
+            out[axis] = zlib.crc32(np.ascontiguousarray(ids))
+        else:
+            out[axis] = zlib.crc32("\0".join(map(str, ids)).encode())
+    return out
+
+
+def resume_mismatch(attrs: dict[str, Any], here: dict[str, Any]) -> list[str]:
     """'name: checkpoint value, this fit's value' for each way a checkpoint's fit differs
-    from this one (a checkpoint from before the ratings were recorded is not compared on
-    them)."""
-    want = {"m": store.m, "n": store.n, **params.settings()}
-    want = {k: want[k] for k in ("m", "n", *RESUME_MUST_MATCH)}
-    got = {k: attrs.get(k, "explicit" if k == "kind" else None) for k in want}
-    differ = [f"{k}: {got[k]!r} there, {want[k]!r} here" for k in want if got[k] != want[k]]
-    if "ratings" in attrs and not _same_ratings(attrs["ratings"], ratings_digest(store)):
-        differ.append(f"ratings: {attrs['ratings']} there, {ratings_digest(store)} here")
+    from this one, whose attrs are `here` (:meth:`ALSParams.attrs`); a checkpoint from
+    before the ratings or ids were recorded is not compared on them."""
+    keys = ("m", "n", *RESUME_MUST_MATCH)
+    got = {k: attrs.get(k, "explicit" if k == "kind" else None) for k in keys}
+    differ = [f"{k}: {got[k]!r} there, {here[k]!r} here" for k in keys if got[k] != here[k]]
+    if "ratings" in attrs and not _same_ratings(attrs["ratings"], here["ratings"]):
+        differ.append(f"ratings: {attrs['ratings']} there, {here['ratings']} here")
+    for axis, noun in (("rows", "user"), ("cols", "item")):
+        if "ids" in attrs and attrs["ids"].get(axis) != here["ids"][axis]:
+            differ.append(f"{noun} ids: numbered otherwise (the same ratings in another "
+                          "order, or other ids)")  # fmt: skip
     return differ
 
 
@@ -206,7 +229,10 @@ def fit(
     checkpointer = Checkpointer(checkpoint_dir) if checkpoint_dir else None
     if resume and checkpointer is None:
         raise ConfigError("fit(resume=True) needs checkpoint_dir (output.checkpoint)")
-    with checkpointer.locked() if checkpointer is not None else nullcontext():
+    locked = checkpointer.locked() if checkpointer is not None else nullcontext()
+    with locked, _cluster_kept(client):
+        here = params.attrs(store)
+        found = _resumed(checkpointer, resume, here, params.iterations)
         client.register_plugin(CumfWorkerSetup())  # BLAS threads
         workers = worker_addresses(client)
         baseline = process_memory(client)
@@ -224,9 +250,9 @@ def fit(
         )  # fmt: skip
         engine.prepare(params.factors)  # kernels compile while the blocks load
         engine.preload(held_out=evaluate and store.has_test)
-        run = _Run(engine, store, params, checkpointer, evaluate, callbacks, progress)
+        run = _Run(engine, store, params, here, checkpointer, evaluate, callbacks, progress)
         try:
-            return run.until_done(resume)
+            return run.until_done(found)
         except (WorkersPaused, WorkerLost) as exc:  # WorkerLost escapes only for memory
             raise _out_of_memory(exc, engine, memory, baseline, plan_config) from None
         except Exception as exc:  # an allocation failed in a task (a GPU's, or the CPU's)
@@ -238,6 +264,63 @@ def fit(
                 else DeviceMemoryError(f"a worker ran out of memory ({type(exc).__name__}: {exc})")
             )
             raise _out_of_memory(oom, engine, memory, baseline, plan_config) from None
+
+
+@contextmanager
+def _cluster_kept(client: Client) -> Iterator[None]:
+    """A fit whose client was closed, or whose scheduler went away, ends in one
+    WorkerLostError saying so (Dask's own errors then are of every kind: a closed comm, a
+    connect timeout, an attribute of a closed client)."""
+    try:
+        yield
+    except CumfError:
+        raise
+    except Exception as exc:
+        if client.status == "running":
+            raise
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise WorkerLostError(
+            f"the fit's Dask client was closed or lost its scheduler (client {client.status}: "
+            f"{detail}); "
+            "check that the scheduler runs and the client stays open, then run again with "
+            "--resume (resume=True) to continue from the last checkpoint"
+        ) from None
+
+
+def _resumed(
+    checkpointer: Checkpointer | None, resume: bool, here: dict[str, Any], iterations: int
+) -> tuple[int, dict, dict] | None:
+    """The checkpoint a fit resumes from (iteration, attrs, arrays), checked against this
+    fit (`here`: its attrs) before any data is loaded; None: a fresh start. A fresh start
+    over another fit's checkpoints says that it replaces them."""
+    if checkpointer is None:
+        return None
+    if not resume:
+        earlier = checkpointer.names()
+        if earlier:
+            warnings.warn(f"{checkpointer.directory} holds checkpoints of an earlier fit "
+                          f"({', '.join(earlier)}); this fit starts over and replaces them "
+                          "(resume=True, or --resume, continues from them)", CumfWarning,
+                          stacklevel=3)  # fmt: skip
+        return None
+    found = checkpointer.latest()
+    if found is None:
+        return None
+    start, attrs, _ = found
+    differ = resume_mismatch(attrs, here)
+    if differ:
+        raise StoreError(
+            f"{checkpointer.directory}: its checkpoint is of another fit ({'; '.join(differ)}); "
+            "run without --resume (resume=False) to start over, or give this fit other "
+            "checkpoints (output.dir, checkpoint_dir)"
+        )
+    if start > iterations:
+        raise ConfigError(
+            f"{checkpointer.directory}: its checkpoint is at iteration {start}, past the "
+            f"{iterations} asked for; ask for {start} or more (model.iterations), or run "
+            "without --resume (resume=False) to start over"
+        )
+    return found
 
 
 def _link(client: Client, workers: list[str], backend: str, memory: int):
@@ -266,19 +349,20 @@ class _Run:
     """One fit's loop, with its recovery from lost workers."""
 
     def __init__(self, engine: SUALSEngine, store: RatingsStore, params: ALSParams,
-                 checkpointer: Checkpointer | None, evaluate: bool,
+                 here: dict[str, Any], checkpointer: Checkpointer | None, evaluate: bool,
                  callbacks: Sequence[IterationCallback], progress: Progress | None):  # fmt: skip
-        self.engine, self.store, self.params = engine, store, params
+        self.engine, self.store, self.params, self.here = engine, store, params, here
         self.checkpointer, self.evaluate = checkpointer, evaluate
         self.callbacks, self.progress = callbacks, progress
         self.began = time.perf_counter()
 
-    def until_done(self, resume: bool) -> FitResult:
-        """The fit's result; the blocks it kept on the workers are let go however it ends
-        (a failed fit's traceback, which a notebook keeps, holds its frames)."""
-        engine, checkpointer = self.engine, self.checkpointer
+    def until_done(self, found: tuple[int, dict, dict] | None) -> FitResult:
+        """The fit's result, from the checkpoint `found` (else from the start); the blocks
+        it kept on the workers are let go however it ends (a failed fit's traceback, which
+        a notebook keeps, holds its frames)."""
+        engine = self.engine
         try:
-            state = self._start(checkpointer.latest() if resume and checkpointer else None)
+            state = self._start(found)
             losses = 0
             while True:
                 try:
@@ -299,14 +383,14 @@ class _Run:
                 engine.release()
             raise
         engine.release()
-        done = max(state.done, self.params.iterations)
+        done = state.done
         return FitResult(engine.plan, state.metrics, done, session, (factors[0], factors[1]))
 
     # ------------------------------------------------------------------ starting points
     def _start(self, found: tuple[int, dict, dict] | None) -> _State:
         """From a checkpoint (iteration, attrs, arrays), else from the seeded initial Theta
         (and, for the CG solver, a seeded initial X to start its first solve from)."""
-        engine, store, params = self.engine, self.store, self.params
+        engine, params = self.engine, self.params
         cg = params.solver == "cg"
         if found is None:
             scale = params.init_scale
@@ -314,13 +398,6 @@ class _Run:
             X = engine.initial("x", params.factors, params.seed, scale) if cg else None
             return _State(0, [], theta, X)
         start, attrs, arrays = found
-        differ = resume_mismatch(attrs, params, store)
-        if differ:
-            raise StoreError(
-                f"{self.checkpointer.directory}: its checkpoint is of another fit "  # type: ignore[union-attr]
-                f"({'; '.join(differ)}); use another checkpoint_dir, or resume=False to "
-                "start over"
-            )
         theta = engine.from_host(arrays["item_factors"], "theta")
         keep_x = cg or start >= params.iterations  # CG's starting point, or the final X
         X = engine.from_host(arrays["user_factors"], "x") if keep_x else None
@@ -401,7 +478,7 @@ class _Run:
     ) -> None:
         """Score, checkpoint and report iteration `it`, whose half-steps took `seconds`
         (from the previous half-step's end to their own, on the workers)."""
-        engine, store, params = self.engine, self.store, self.params
+        engine, store = self.engine, self.store
         state.theta.placed.clear()  # the copies gathered on the workers are not needed
         X.placed.clear()
         # the previous iterates are not needed either (the next iteration is submitted, and
@@ -423,7 +500,7 @@ class _Run:
         metrics = [*state.metrics, record]
         if self.checkpointer is not None:
             Xd, Td = Session(engine, X, theta).factors_as_dask()
-            attrs = {**params.attrs(store), "metrics": metrics}
+            attrs = {**self.here, "metrics": metrics}
             self.checkpointer.save(it, {"user_factors": Xd, "item_factors": Td}, attrs,
                                    engine.watch.compute)  # fmt: skip
             state.restore = it
