@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from numbers import Integral, Real
 from typing import Any
 
 from .errors import ConfigError
@@ -25,7 +26,7 @@ def check_number(
 ) -> None:
     """`value` is a (finite) number, an integer if asked, within [low, high] (or open ends)."""
     kind = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+    if isinstance(value, bool) or not isinstance(value, Integral if integer else Real):
         raise ConfigError(f"'{name}' must be {kind}, got {value!r}")
     if not integer and not math.isfinite(value):
         raise ConfigError(f"'{name}' must be a finite number, got {value!r}")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from os import PathLike
 from pathlib import Path
 
@@ -71,3 +75,20 @@ def _can_create(folder: Path) -> bool:
     os.close(fd)
     os.unlink(name)
     return True
+
+
+@contextmanager
+def disk_full_as(folder: str | PathLike[str], what: str, fix: str) -> Iterator[None]:
+    """A full disk (ENOSPC, EDQUOT, or the short write NumPy's ``tofile`` reports) while
+    writing `what` in `folder` as one StoreError naming the folder, its free space and `fix`."""
+    try:
+        yield
+    except OSError as exc:
+        short = "requested and" in str(exc) and "written" in str(exc)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) and not short:
+            raise
+        try:
+            free = f" ({shutil.disk_usage(folder).free / 1e6:,.1f} MB free)"
+        except OSError:
+            free = ""
+        raise StoreError(f"{folder}: disk full while writing {what}{free}; {fix}") from None

@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from contextlib import nullcontext
@@ -32,13 +33,14 @@ from cumf_dask import paths
 from cumf_dask.backend.numpy_backend import NumpyBackend
 from cumf_dask.cli import main
 from cumf_dask.config import HalfStepConfig, PlanConfig, load_config
-from cumf_dask.data import spill
+from cumf_dask.data import spill, synthetic
 from cumf_dask.data.bands import init_store
 from cumf_dask.data.ingest import ingest_arrays
 from cumf_dask.data.planted import PlantedModel
 from cumf_dask.data.spill import build_store
 from cumf_dask.data.store import RatingsStore
 from cumf_dask.data.synthetic import generate
+from cumf_dask.data.target import work_url
 from cumf_dask.engine.tasks import NonFiniteFactor, check_finite
 from cumf_dask.errors import (
     ConfigError,
@@ -543,6 +545,29 @@ def test_binary_input_is_not_a_text_file(tmp_path, capsys, data, looks):
     assert "delimiter" not in err
 
 
+@pytest.mark.parametrize("where", ["spill files", "store", "generated store"])
+def test_a_full_disk_while_building_a_store_is_one_error(tmp_path, monkeypatch, where):
+    def full(*args, **kwargs):
+        if where == "spill files":  # how NumPy's tofile reports it
+            raise OSError("898809 requested and 523776 written")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    url = str(tmp_path / "out" / "s.zarr")
+    if where == "generated store":
+        monkeypatch.setattr(synthetic, "_row_band", full)
+        with pytest.raises(StoreError, match=rf"{tmp_path}/out: disk full while writing the "
+                           r"store s\.zarr \([\d,.]+ MB free\); free space there"):  # fmt: skip
+            generate(url, PlantedModel(m=40, n=20, nnz=200, rank=2))
+    else:
+        monkeypatch.setattr(*((spill.StoreBuilder, "_spill_chunk") if where == "spill files"
+                              else (spill, "write_band")), full)  # fmt: skip
+        folder = tempfile.gettempdir() if where == "spill files" else f"{tmp_path}/out"
+        with pytest.raises(StoreError, match=rf"{folder}: disk full while writing the "
+                           rf"{'ingest.s spill files' if where == 'spill files' else 'store'}"):
+            build_store(url, [0, 1], [1, 0], [1.0, 2.0])
+    assert not list((tmp_path / "out").iterdir())
+
+
 def test_leftovers_of_killed_runs_are_removed(tmp_path, capsys):
     spills = tmp_path / "tmp"
     spills.mkdir()
@@ -554,14 +579,23 @@ def test_leftovers_of_killed_runs_are_removed(tmp_path, capsys):
                       rf"in {spills} \(2.0 MB\): {dead.name}"):  # fmt: skip
         build_store(str(tmp_path / "a.zarr"), [0, 1], [1, 0], [1.0, 2.0], spill_dir=str(spills))
     assert not dead.exists() and alive.exists()
-    # a killed generate: its <store>.partial and its stale lock
+    # a killed generate: its work folder, the store it had set aside, its stale lock; a
+    # folder of the user's that only looks like one is kept
     target = tmp_path / "g.zarr"
-    init_store(f"{target}.partial", 20, 10, 8, 8, overwrite=True)
+    work = work_url(str(target))
+    init_store(work, 20, 10, 8, 8, overwrite=True)
+    init_store(str(tmp_path / ".old-g.zarr-00000001"), 20, 10, 8, 8, overwrite=True)
+    (tmp_path / "g.zarr.old").mkdir()
     Path(f"{target}.lock").write_text(json.dumps(owner(dead_pid())))
     code, _, err = cli(capsys, "generate", "--m", "20", "--n", "10", "--nnz", "50", "-o", target)
-    assert code == 0 and f"warning: removed what an interrupted build of {target} left: " \
-        f"{target}.partial (" in err and "took over the lock" in err  # fmt: skip
-    assert not Path(f"{target}.partial").exists() and RatingsStore.open(target).m == 20
+    assert code == 0 and f"warning: removed what an interrupted build of {target} left: " in err
+    assert Path(work).name in err and ".old-g.zarr-00000001 (" in err
+    assert "took over the lock" in err and RatingsStore.open(target).m == 20
+    assert sorted(p.name for p in tmp_path.glob("*g.zarr*")) == ["g.zarr", "g.zarr.old"]
+    (tmp_path / "g.zarr.old" / "notes.txt").write_text("keep me")
+    cli(capsys, "generate", "--m", "20", "--n", "10", "--nnz", "50", "-o", target, "--overwrite")
+    assert (tmp_path / "g.zarr.old" / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.glob("*g.zarr*")) == ["g.zarr", "g.zarr.old"]
 
 
 # ----------------------------------------------------------------------------- the final model

@@ -83,6 +83,20 @@ def test_resume_of_another_fit_is_refused(store, client, tmp_path):
         ALS(4, 0.05, 1, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client, resume=True)
 
 
+def test_numpy_scalars_as_parameters(store, client, tmp_path):
+    """np.int64 / np.float32 arguments (from a grid search, say) are taken as the numbers
+    they are, and recorded as such in checkpoints and saved models."""
+    model = ALS(np.int64(3), np.float32(0.1), np.int64(1), seed=np.uint8(2), backend="numpy",
+                checkpoint_dir=str(tmp_path / "ckpt"))  # fmt: skip
+    model.fit(store, client=client).save(tmp_path / "m.zarr")
+    loaded = ALS.load(tmp_path / "m.zarr")
+    assert (loaded.factors, loaded.seed) == (3, 2) and type(loaded.factors) is int
+    np.testing.assert_array_equal(loaded.user_factors_, model.user_factors_)
+    small = build_store(str(tmp_path / "s.zarr"), [0, 1, 2], [1, 0, 2], [1.0, 2.0, 3.0],
+                        tile_rows=np.int64(2), tile_cols=np.int32(2))  # fmt: skip
+    assert (small.tile_rows, small.tile_cols) == (2, 2)
+
+
 def test_resume_on_ids_numbered_otherwise_is_refused(client, tmp_path):
     """The same ratings ingested in another order: counts and statistics agree, the ids'
     numbering does not, so the checkpoint's rows would belong to other users."""

@@ -272,7 +272,7 @@ def test_overwrite_never_deletes_foreign_data(tmp_path, ratings):
     assert RatingsStore.open(url).nnz == len(vals)
     with pytest.raises(ConfigError, match="tile_rows"):  # an argument, not the data
         build_store(str(tmp_path / "t.zarr"), rows, cols, vals, shape=(M, N), tile_rows=0)
-    assert not (tmp_path / "t.zarr").exists() and not (tmp_path / "t.zarr.partial").exists()
+    assert not (tmp_path / "t.zarr").exists() and not list(tmp_path.glob(".partial-t.zarr-*"))
 
 
 def test_declared_shape_is_checked_before_anything_is_written(tmp_path):
@@ -423,6 +423,23 @@ def test_verify_finds_sound_chunks_that_disagree(tmp_path, ratings):
     group.attrs["stats"] = {**store.stats, "max": store.stats["max"] + 1}
     with pytest.raises(StoreError, match="do not match its stats"):
         verify_store(RatingsStore.open(url))
+
+
+def test_a_store_replaced_under_an_open_handle_is_an_error(tmp_path, ratings):
+    url = str(tmp_path / "s.zarr")
+    first = _split_store(url, ratings)
+    again = _split_store(url, ratings, overwrite=True, split_seed=1)  # --overwrite elsewhere
+    with pytest.raises(StoreError, match=r"the store was replaced .* open it again"):
+        first.read_band("row", 0)
+    again.read_band("row", 0)
+    assert first.attrs["build"] != again.attrs["build"]
+
+
+def test_all_ratings_held_out_is_named_as_such(tmp_path):
+    with pytest.raises(IngestError, match=r"all 2 ratings fell in the held-out split \(test "
+                       r"fraction 0\.999999\), none is left to train on; lower"):  # fmt: skip
+        build_store(str(tmp_path / "s.zarr"), [0, 1], [1, 0], [1.0, 2.0], test_fraction=0.999999)
+    assert not list(tmp_path.iterdir())
 
 
 def test_held_out_counts_are_checked_on_open(tmp_path, ratings):

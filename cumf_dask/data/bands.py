@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,9 +79,11 @@ def init_store(
         }
     )
     for name, size, tile in (("row_nnz", m, tile_rows), ("col_nnz", n, tile_cols)):
+        # a chunk per band (one writer each); a tile taller than the matrix is one band
         group.create_array(
-            name, shape=(size,), chunks=(tile,), dtype="int64", fill_value=-1, **codecs()
-        )
+            name, shape=(size,), chunks=(min(tile, size),), dtype="int64", fill_value=-1,
+            **codecs(),
+        )  # fmt: skip
 
 
 def _geometry(attrs: dict[str, Any], kind: BandKind) -> tuple[int, int, int, int]:
@@ -242,6 +245,7 @@ def finish_store(
             "stats": stats,
             "source": source or {},
             "has_ids": row_ids is not None or col_ids is not None,
+            "build": uuid.uuid4().hex,  # which build this is: a reader notices a replacement
         }
     )
     group.attrs["complete"] = True

@@ -347,7 +347,8 @@ def ingest_chunks(
             if progress:
                 progress("read", chunk.done, records.total)
         if count == 0:
-            raise IngestError(f"{records.name}: no ratings found (only a header, or blank lines)")
+            hint = "" if type(records) is Records else " (an empty file, or only a header)"
+            raise IngestError(f"{records.name}: no ratings found{hint}")
     except BaseException:
         builder.abort()
         raise

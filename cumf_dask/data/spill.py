@@ -35,14 +35,14 @@ import numpy as np
 from ..checks import MAX_RATING, check_choice, check_fraction, check_positive_int
 from ..errors import CumfWarning, IngestError
 from ..locks import owner_is_dead, owner_record, read_owner
-from ..paths import is_url, normalize_url
+from ..paths import disk_full_as, is_url, normalize_url
 from .bands import band_order_key, finish_store, init_store, transpose_band, write_band
 from .duplicates import DUPLICATE_POLICIES, DuplicatePolicy, resolve_duplicates
 from .hashing import SPLITS, SplitKind, split_mask, user_split_mask
 from .limits import check_dimension, check_fits
 from .parallel import run_tasks
 from .store import MAX_TILE, RatingsStore, default_tile
-from .target import check_target, claim, discard, publish, work_url
+from .target import check_target, claim, discard, publish, work_url, writing
 
 SPILL_PREFIX = "cumf-spill-"
 OWNER = "owner.json"
@@ -148,7 +148,10 @@ class StoreBuilder:
         test = split_mask(row, col, by_pair, self.split_seed)
         for kind, keep in (("row", ~test), ("test", test)):
             if keep.any():
-                self._spill_chunk(kind, row[keep], col[keep], val[keep], seq[keep])
+                with disk_full_as(self._spill.parent, "the ingest's spill files",
+                                  "free space there, or point TMPDIR at a disk with room for "
+                                  "about 28 bytes per rating"):  # fmt: skip
+                    self._spill_chunk(kind, row[keep], col[keep], val[keep], seq[keep])
 
     def _spill_chunk(self, kind: str, row, col, val, seq) -> None:
         band = row // self.tile_rows
@@ -183,14 +186,32 @@ class StoreBuilder:
     ) -> RatingsStore:
         """Write every band, then the column bands, then mark the store complete.
 
-        On any error the partial store is removed, so nothing incomplete is left behind.
+        On any error the partial store is removed, so nothing incomplete is left behind (a
+        full disk is one StoreError naming the folder).
         """
+        with writing(self.url):
+            return self._write_store(source, row_ids, col_ids, describe, progress)
+
+    def _write_store(
+        self,
+        source: dict[str, Any] | None,
+        row_ids: np.ndarray | None,
+        col_ids: np.ndarray | None,
+        describe: Callable[[int, int, int, int], str] | None,
+        progress: Callable[[str, int, int], None] | None,
+    ) -> RatingsStore:
         local = not is_url(self.url)
         work = work_url(self.url)
         created = False
         try:
             if self._records == 0 or not self._bands:
                 raise IngestError("no ratings: the input is empty")
+            if not any(kind == "row" for kind, _ in self._bands):
+                raise IngestError(
+                    f"all {self._records:,} ratings fell in the held-out split (test fraction "
+                    f"{self.test_fraction:g}), none is left to train on; lower the test "
+                    "fraction (--test-fraction, data.test_fraction)"
+                )
             m = self.m if self.m is not None else self._max_row + 1
             n = self.n if self.n is not None else self._max_col + 1
             if row_ids is not None:

@@ -31,10 +31,12 @@ are read through zarr and the values validated, which catches a fill value. A st
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Iterator
 from functools import cached_property
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -212,6 +214,7 @@ class RatingsStore:
         impossible fill value).
         """
         if not is_url(self.url):
+            self._check_same_build()
             try:
                 return shards.start([(os.path.join(self.url, p), lo, hi) for p, lo, hi in arrays],
                                     threads, target)  # fmt: skip
@@ -224,6 +227,18 @@ class RatingsStore:
             except KeyError:
                 raise StoreError(f"{self.url}: damaged store: '{path}' is missing") from None
         return shards.Reading.done(out)
+
+    def _check_same_build(self) -> None:
+        """A local store replaced since it was opened (``--overwrite``) is an error: reading
+        on would mix two stores' ratings."""
+        try:
+            meta = json.loads(Path(self.url, "zarr.json").read_text())
+        except (OSError, ValueError):
+            raise StoreError(f"{self.url}: the store's metadata is gone or unreadable since "
+                             "it was opened (deleted or being replaced?)") from None  # fmt: skip
+        if meta.get("attributes", {}).get("build") != self.attrs.get("build"):
+            raise StoreError(f"{self.url}: the store was replaced (rebuilt with --overwrite?) "
+                             "since it was opened; open it again and start over")  # fmt: skip
 
     # ------------------------------------------------------------------ metadata
     @property
@@ -312,8 +327,6 @@ class RatingsStore:
 
     def size_on_disk(self) -> int | None:
         """Bytes under a local store's folder; None for a remote URL."""
-        from pathlib import Path
-
         root = Path(self.url)
         if not root.is_dir():
             return None

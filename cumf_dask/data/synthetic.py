@@ -33,7 +33,7 @@ from .parallel import Progress, run_tasks
 from .planted import PlantedModel
 from .sampling import Array
 from .store import RatingsStore, default_tile
-from .target import check_target, claim, discard, publish, work_url
+from .target import check_target, claim, discard, publish, work_url, writing
 
 
 def generate(
@@ -75,10 +75,10 @@ def generate(
     bands = 2 * math.ceil(m / tile_rows) + math.ceil(n / tile_cols)  # row, test, column
     check_fits(m, n, bands, "lower m and n (or the preset's scale)", tile_rows)
     url = normalize_url(url)
-    lock = claim(url)  # one writer per target; a killed run's <url>.partial is removed
+    lock = claim(url)  # one writer per target; a killed run's work folder is removed
     try:
         check_target(url, overwrite)  # the old store stays until the new one is complete
-        with out_of_memory_as(
+        with writing(url), out_of_memory_as(
             f"generating a {m:,} x {n:,} store", "lower m and n, or tile_rows (rows per band)"
         ):
             return _build(url, model, test_fraction, split_seed, tile_rows, tile_cols, client,

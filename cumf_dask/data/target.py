@@ -6,23 +6,26 @@ moved into place only once complete (:func:`publish`), so an interrupted build l
 old store whole; a remote (fsspec URL) build writes in place and is marked complete last.
 
 A build holds its target's writer lock (:func:`claim`: ``<store>.lock``, checked writable
-before any input is read); under it, what a killed build of the same target left
-(``<store>.partial``, ``<store>.old``) is removed, with a warning that says what and how
-much. Remote targets are not locked.
+before any input is read); under it, what a killed build of the same target left (its
+work folder ``.partial-<store>-<id>`` and the old store set aside, ``.old-<store>-<id>``,
+both hidden and named afresh by each build, so never a folder of the user's) is removed,
+with a warning that says what and how much. Remote targets are not locked.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import uuid
 import warnings
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import zarr
 
 from ..errors import CumfWarning, StoreError
 from ..locks import WriterLock
-from ..paths import check_writable, is_url, normalize_url
+from ..paths import check_writable, disk_full_as, is_url, normalize_url
 from .store import FORMAT, RatingsStore
 
 WHAT = "the rating store"
@@ -45,15 +48,17 @@ def claim(url: str) -> WriterLock:
 
 
 def clear_leftovers(url: str) -> None:
-    """Remove ``<url>.partial`` and ``<url>.old`` (the caller holds the lock, so no live build
-    owns them), saying what was removed."""
+    """Remove the work folders and set-aside stores killed builds of `url` left (the caller
+    holds the lock, so no live build owns them), saying what was removed."""
+    target = Path(url)
+    old = (p for p in target.parent.glob(f".old-{target.name}-*") if _local_format(p) == FORMAT)
+    found = [*target.parent.glob(f".partial-{target.name}-*"), *old]
     removed = []
-    for suffix in (".partial", ".old"):
-        path = Path(f"{url}{suffix}")
-        if path.is_dir() and _local_format(path) == FORMAT:
+    for path in found:
+        if path.is_dir():
             size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
             shutil.rmtree(path, ignore_errors=True)
-            removed.append(f"{path} ({size / 1e6:,.1f} MB)")
+            removed.append(f"{path.name} ({size / 1e6:,.1f} MB)")
     if removed:
         warnings.warn(
             f"removed what an interrupted build of {url} left: {', '.join(removed)}",
@@ -99,9 +104,22 @@ def _local_format(path: Path) -> str | None:
         return None
 
 
+def writing(url: str) -> AbstractContextManager[None]:
+    """Around a store build: a full disk under a local target is one StoreError naming it."""
+    if is_url(url):
+        return nullcontext()
+    return disk_full_as(Path(url).parent, f"the store {Path(url).name}",
+                        "free space there, or write the store elsewhere")  # fmt: skip
+
+
 def work_url(url: str) -> str:
-    """Where a build writes before it is complete: beside a local target, in place for URLs."""
-    return url if is_url(url) else f"{url}.partial"
+    """Where a build writes before it is complete: a new hidden folder beside a local target,
+    in place for URLs."""
+    return url if is_url(url) else str(_beside(Path(url), "partial"))
+
+
+def _beside(target: Path, kind: str) -> Path:
+    return target.with_name(f".{kind}-{target.name}-{uuid.uuid4().hex[:8]}")
 
 
 def discard(work: str) -> None:
@@ -121,8 +139,7 @@ def _replace_dir(src: str, dst: str) -> None:
     """Move a finished store into place; the old one is removed only once the new one is whole."""
     target = Path(dst)
     if target.exists():
-        trash = Path(f"{dst}.old")
-        shutil.rmtree(trash, ignore_errors=True)
+        trash = _beside(target, "old")
         target.rename(trash)
         Path(src).rename(target)
         shutil.rmtree(trash, ignore_errors=True)

@@ -117,8 +117,9 @@ class ALSParams:
                 "ids": ids_digest(store)}  # fmt: skip
 
     def settings(self) -> dict[str, Any]:
-        """The hyper-parameters a checkpoint or saved model records."""
-        return {
+        """The hyper-parameters a checkpoint or saved model records (NumPy scalars given as
+        parameters recorded as the Python numbers they are)."""
+        settings = {
             "factors": self.factors,
             "regularization": self.regularization,
             "seed": self.seed,
@@ -132,6 +133,13 @@ class ALSParams:
             "cg_steps": self.cg_steps,
             "init_scale": self.init_scale,
         }
+        return plain(settings)
+
+
+def plain(values: dict[str, Any]) -> dict[str, Any]:
+    """NumPy scalars (parameters given as such, losses computed in float32) as the Python
+    numbers they are, so that a checkpoint's or model's attrs are JSON."""
+    return {k: v.item() if isinstance(v, np.generic) else v for k, v in values.items()}
 
 
 # what a resumed fit must share with its checkpoint, beside the shape: the objective's
@@ -497,6 +505,7 @@ class _Run:
             errors = engine.rmses(X, theta, it, splits)  # one round of tasks for both
             record.update({f"{split}_rmse": errors[split] for split in splits})
         record["elapsed"] = time.perf_counter() - self.began
+        record = plain(record)  # JSON for the checkpoint and the run's metrics
         metrics = [*state.metrics, record]
         if self.checkpointer is not None:
             Xd, Td = Session(engine, X, theta).factors_as_dask()
