@@ -6,7 +6,11 @@ import bz2
 import gzip
 import os
 import re
+import signal
 import time
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
 
 import fsspec
 import numpy as np
@@ -27,6 +31,7 @@ from cumf_dask.data.ingest import (
     ingest_scipy,
 )
 from cumf_dask.data.parallel import run_tasks
+from cumf_dask.data.readers import Files
 from cumf_dask.data.store import RatingsStore
 from cumf_dask.errors import ConfigError, IngestError, PlanError, StoreError
 from cumf_dask.pipeline import ingest_from_config
@@ -73,7 +78,12 @@ def write(path, lines, opener=open):
 
 def assert_nothing_at(url):
     assert not os.path.exists(url)
-    assert not os.path.exists(f"{url}.partial")
+    assert_no_work_folder(url)
+
+
+def assert_no_work_folder(url):
+    url = Path(url)
+    assert not list(url.parent.glob(f".partial-{url.name}-*"))
 
 
 # ----------------------------------------------------------------------------- formats
@@ -177,8 +187,10 @@ def test_parquet_bad_rating_names_row(tmp_path):
     assert_nothing_at(tmp_path / "s.zarr")
 
 
-def test_parquet_missing_id_names_row(tmp_path):
-    pq.write_table(pa.table({"u": ["a", None], "i": [4, 5], "r": [1.0, 2.0]}), tmp_path / "r.pq")
+@pytest.mark.parametrize("users", [["a", None], pa.array([7, None], pa.int64())])
+def test_parquet_missing_id_names_row(tmp_path, users):
+    """A null id is missing, text or integer (pyarrow gives an integer column's nulls as NaN)."""
+    pq.write_table(pa.table({"u": users, "i": [4, 5], "r": [1.0, 2.0]}), tmp_path / "r.pq")
     with pytest.raises(IngestError, match=r"r\.pq, row 2: the user id is missing"):
         ingest_file(tmp_path / "r.pq", tmp_path / "s.zarr", "parquet")
     assert_nothing_at(tmp_path / "s.zarr")
@@ -228,6 +240,44 @@ def test_columns_header_and_delimiter_choices(tmp_path):
     with pytest.raises(IngestError, match="no column 1: the input has 1 column"):
         ingest_file(plain, tmp_path / "c.zarr", "csv")  # wrong delimiter
     assert_nothing_at(tmp_path / "c.zarr")
+
+
+# name: (lines, whether line 1 is a header)
+HEADER_GUESS = {
+    "quoted numbers": (['"1","10","4"', '"2","20","3"'], False),
+    "quoted rating": (['1,10,"4"', '2,20,"3"'], False),
+    "spaced numbers": (["1, 10, 4 ", "2,20,3"], False),
+    "exponent": (["1,10,1e0", "2,20,3"], False),
+    "quoted header": (['"user","item","rating"', '"1","10","4"'], True),
+    "spaced header": ([" user , item , stars ", "1,10,4"], True),
+}
+
+
+@pytest.mark.parametrize("case", list(HEADER_GUESS))
+def test_line_one_is_a_header_only_when_its_rating_reads_as_a_name(tmp_path, case):
+    lines, header = HEADER_GUESS[case]
+    store = ingest_file(write(tmp_path / "r.csv", lines), tmp_path / "s.zarr", test_fraction=0)
+    assert store.ids("rows").tolist() == [1, 2][: len(lines) - header]
+
+
+# name: (format, extra options, lines)
+SPACED = {
+    "csv": ("csv", {}, ["1 ,10 , 4 ", ' "2" ,\t20\t,3', "u , i ,r "]),
+    "tsv": ("tsv", {}, ["1 \t 10 \t4 ", "2\t20 \t 3", "u\ti\tr "]),
+    "double-colon": ("delimited", {"delimiter": "::"}, ["1 :: 10::4 ", "2::20 ::3", "u::i::r"]),
+}
+
+
+@pytest.mark.parametrize("case", list(SPACED))
+def test_fields_are_stripped_on_both_sides(tmp_path, case):
+    """'1 ' is user 1 (the parser strips leading whitespace only): ids stay integers."""
+    fmt, options, lines = SPACED[case]
+    path = write(tmp_path / "r.txt", lines[:2])
+    store = ingest_file(path, tmp_path / "s.zarr", fmt, test_fraction=0, **options)
+    assert contents(store) == {(1, 10): 4.0, (2, 20): 3.0}
+    named = write(tmp_path / "n.txt", [lines[2], *lines[:2]])
+    store = ingest_file(named, tmp_path / "n.zarr", fmt, columns=["u", "i", "r"], **options)
+    assert contents(store) == {(1, 10): 4.0, (2, 20): 3.0}
 
 
 def test_text_ids_stay_strings_unless_plain_integers(tmp_path):
@@ -290,6 +340,11 @@ def test_arrays_errors(tmp_path):
         message = re.escape(f"ratings of dtype {ratings.dtype} are not real numbers")
         with pytest.raises(IngestError, match=message):
             ingest_arrays(tmp_path / "a.zarr", [0, 1], [1, 0], ratings)
+    df = pd.DataFrame({"user": pd.array([3, None], "Int64"), "item": [1, 2], "rating": [1.0, 2.0]})
+    with pytest.raises(IngestError, match=r"^record 1: the user id is missing"):
+        ingest_dataframe(df, tmp_path / "a.zarr")
+    with pytest.raises(IngestError, match=r"record 1: item id 2\.5 is not a whole number"):
+        ingest_arrays(tmp_path / "a.zarr", [0, 1], [1.0, 2.5], [3.0, 2.0])
     with pytest.raises(IngestError, match=r"scipy\.sparse"):
         ingest_scipy(np.ones((2, 2)), tmp_path / "a.zarr")
     assert_nothing_at(tmp_path / "a.zarr")
@@ -388,12 +443,21 @@ BAD_TEXT = {
     "nan": ([*GOOD, "a,b,NaN"], 9, "rating 'NaN' is not a finite number", {}),
     "inf": ([*GOOD, "a,b,-inf"], 9, "rating '-inf' is not a finite number", {}),
     "blank lines count": ([*GOOD[:2], "", "a,b,x"], 4, "rating 'x'", {}),
+    "blank lines first": (["", " ", "u,i,r", *GOOD[:2], "a,b,x"], 6, "rating 'x'", {}),
     "empty file": ([], 1, "the file is empty", {}),
+    "only blank lines": (["", "  "], 1, "the file is empty", {}),
+    "NA on line 1": (["a,b,NA", *GOOD], 1, "rating 'NA' is not a finite number", {}),
+    "no rating on line 1": (["a,b,", *GOOD], 1, "a field is missing", {}),
+    "decimal comma": (["a;b;4,5", "c;d;3"], 1, "rating '4,5' is not a finite number",
+                      {"format": "delimited", "delimiter": ";"}),
+    "comment": (["# ratings of 2024", *GOOD], 1,
+                "'# ratings of 2024' looks like a comment; comment lines are not supported", {}),
     "out of range": (["1,2,3", "0,0,1", "4,1,2"], 3, "user id '4' is not an integer in [0, 4)",
                      {"m": 4, "n": 3}),
     "not an integer": (["1,2,3", "0,1.5,1"], 2, "item id '1.5' is not an integer", {"n": 3}),
     "not a number id": (["1,2,3", "x,1,1"], 2, "user id 'x' is not an integer", {"m": 3}),
     "duplicate": ([*GOOD, "u3,i3,1"], "lines 4 and 9", "user 'u3', item 'i3'", {}),
+    "duplicate with spaces": ([*GOOD, "u3 ,i3\t,1"], "lines 4 and 9", "user 'u3', item 'i3'", {}),
 }  # fmt: skip
 
 
@@ -432,6 +496,51 @@ def test_bad_options_and_missing_files(tmp_path):
     assert_nothing_at(tmp_path / "s.zarr")
 
 
+def test_zip_archive_is_refused_by_name(tmp_path):
+    """fsspec would read a .zip's first member only: refused, naming the members."""
+    with zipfile.ZipFile(tmp_path / "r.zip", "w") as archive:
+        archive.writestr("a.csv", "1,2,3\n")
+        archive.writestr("b.csv", "2,1,4\n")
+    with pytest.raises(IngestError, match=r"r\.zip: a zip archive \(holding a\.csv, b\.csv\); "
+                       "unzip it and give the ratings file inside"):  # fmt: skip
+        ingest_file(tmp_path / "r.zip", tmp_path / "s.zarr")
+    assert_nothing_at(tmp_path / "s.zarr")
+
+
+class _CtrlC:
+    """A file that gets Ctrl-C (SIGINT, as from a terminal) in its second read."""
+
+    def __init__(self, data):
+        self.data, self.reads = data, 0
+
+    def read(self, size=-1):
+        self.reads += 1
+        if self.reads == 2:
+            signal.raise_signal(signal.SIGINT)
+        return self.data.read(size)
+
+
+class _InterruptedFiles(Files):
+    @contextmanager
+    def open(self, k):
+        with super().open(k) as (data, raw):
+            yield _CtrlC(data), raw
+
+
+def test_ctrl_c_while_reading_is_an_interrupt(tmp_path, monkeypatch, capsys):
+    """pandas drops the KeyboardInterrupt of a SIGINT in its read for a ParserError ('Calling
+    read(nbytes) on source failed'): still an interrupt (exit 130), not a broken file (3)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr("cumf_dask.data.ingest.Files", _InterruptedFiles)
+    path = write(tmp_path / "r.csv", [f"{k},{k % 7},3" for k in range(2000)])
+    try:
+        assert main(["ingest", path, "-o", str(tmp_path / "s.zarr")]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert "interrupted" in capsys.readouterr().err
+    assert_nothing_at(tmp_path / "s.zarr")
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -467,7 +576,7 @@ def test_existing_store_survives_bad_input(tmp_path):
     with pytest.raises(IngestError, match=r"dup\.csv, lines 1 and 61"):
         ingest_file(dup, url, overwrite=True)
     assert contents(RatingsStore.open(url)) == before
-    assert not os.path.exists(f"{url}.partial")
+    assert_no_work_folder(url)
 
 
 # ----------------------------------------------------------------------------- declared sizes

@@ -121,7 +121,8 @@ def ingest_file(
     format : one of :data:`FORMATS`.
     delimiter, header, columns : override the format's (text formats; `columns` also for
         Parquet): the user, item and rating columns by name or 0-based position.
-        ``header=None`` guesses: a header when line 1's rating field is not a number.
+        ``header=None`` guesses: a header when line 1's rating field reads as a name (it
+        has a letter and is no number and no NA).
     duplicates : repeated (user, item) pairs: ``"error"``, ``"last"`` (latest line wins),
         ``"mean"`` or ``"sum"`` (counts of implicit feedback).
     m, n : declared numbers of users and items: ids are then indices in [0, m) / [0, n).

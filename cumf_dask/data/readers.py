@@ -9,7 +9,10 @@ for error messages.
 
 from __future__ import annotations
 
+import io
+import itertools
 import re
+import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -45,7 +48,7 @@ class TextFormat:
 
     delimiter: str | None  # None: runs of whitespace
     columns: tuple[Column, Column, Column] = (0, 1, 2)  # user, item, rating: name or position
-    header: bool | None = None  # None: a header if line 1's rating field is not a number
+    header: bool | None = None  # None: a header if line 1's rating field reads as a name
     fields: int | None = None  # fields per line (None: as many as line 1 has)
     blocks: bool = False  # Netflix: a line `movie_id:` heads a block of `user,rating,date` lines
 
@@ -86,6 +89,11 @@ class Files(Records):
         ]
         for f, name in zip(self.files, self.names, strict=True):
             if f.fs.isfile(f.path):
+                if f.compression == "zip":  # fsspec would read its first member only
+                    raise IngestError(
+                        f"{name}: a zip archive{_members(f)}; unzip it and give the ratings "
+                        "file inside"
+                    )
                 continue
             if f.fs.isdir(f.path):
                 raise IngestError(
@@ -128,6 +136,16 @@ class Files(Records):
             yield data, raw
 
 
+def _members(f: fsspec.core.OpenFile) -> str:
+    """' (holding a.csv, b.txt)': the files in a zip archive, or '' when it cannot be read."""
+    try:
+        with f.fs.open(f.path, "rb") as raw:
+            names = zipfile.ZipFile(raw).namelist()
+    except (zipfile.BadZipFile, OSError):
+        return ""
+    return f" (holding {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+
+
 def position(column: Column, labels: list[str], count: int, where: str) -> int:
     """0-based position of a column given by name (among `labels`) or by position (< count)."""
     if isinstance(column, str):
@@ -160,14 +178,15 @@ def read_text(files: Files, spec: TextFormat, chunk_rows: int) -> Iterator[Chunk
 
 
 def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> Iterator[Chunk]:
-    header, positions, fields = _layout(files, k, spec)
+    skip, positions, fields = _layout(files, k, spec)
     sep = r"\s+" if spec.delimiter is None else spec.delimiter
     multi = len(sep) > 1 and spec.delimiter is not None
-    line, carry = 1 + header, None
+    line, carry = 1 + skip, None
     with _text_errors(files.names[k]), files.open(k) as (data, raw):
+        stream = _Spaces(data, spec.delimiter)
         reader = pd.read_csv(
-            data, sep=re.escape(sep) if multi else sep, engine="python" if multi else "c",
-            header=None, names=list(range(fields)), index_col=False, skiprows=int(header),
+            stream, sep=re.escape(sep) if multi else sep, engine="python" if multi else "c",
+            header=None, names=list(range(fields)), index_col=False, skiprows=skip,
             dtype=object, na_filter=False, skip_blank_lines=False, skipinitialspace=True,
             chunksize=chunk_rows,
         )  # fmt: skip
@@ -179,6 +198,8 @@ def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> 
             if spec.blocks:
                 table, seq, carry = _netflix_blocks(table, seq, carry, files)
             cols = [table[p].to_numpy(object) for p in positions]
+            if stream.spaced:  # the parser strips leading whitespace only
+                cols = [np.fromiter(map(str.strip, c), object, len(c)) for c in cols]
             missing = (cols[0] == "") | (cols[1] == "") | (cols[2] == "")
             if missing.any():
                 raise IngestError(
@@ -189,33 +210,55 @@ def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> 
             yield Chunk(*cols, seq, files.start[k] + raw.tell())
 
 
-def _layout(files: Files, k: int, spec: TextFormat) -> tuple[bool, list[int], int]:
-    """(has a header, positions of the user, item and rating columns, fields per line)."""
+def _layout(files: Files, k: int, spec: TextFormat) -> tuple[int, list[int], int]:
+    """(lines before the ratings: the header's line number, or 0; positions of the user, item
+    and rating columns; fields per line), from the first line that is not blank."""
     with _text_errors(files.names[k]), files.open(k) as (data, _):
         head = data.read(_SNIFF)
         kind = binary_kind(head)
         if kind is not None:
             raise IngestError(f"{files.names[k]}: not a text file: {kind}")
-        first_bytes = head.split(b"\n", 1)[0]
-        if b"\n" not in head and len(head) == _SNIFF:
-            first_bytes += data.readline()
+        number, first_bytes = _first_line(head, data)
         first = first_bytes.decode("utf-8-sig", errors="replace").rstrip("\r\n")
-    where = f"{files.names[k]}, line 1"
+    where = f"{files.names[k]}, line {number}"
     if not first.strip():
         raise IngestError(
-            f"{where}: the file is empty (or starts with a blank line); give a file with one "
-            "rating per line"
+            f"{where}: the file is empty (or only blank lines); give a file with one rating "
+            "per line"
         )
     fields = first.split(spec.delimiter) if spec.delimiter else first.split()
     header = spec.header
     if header is None:
         rating = spec.columns[2]
-        header = isinstance(rating, str) or (
-            rating < len(fields) and not _is_number(fields[rating])
-        )
-    labels = [f.strip().strip('"') for f in fields] if header else []
+        header = isinstance(rating, str) or (rating < len(fields) and _is_name(fields[rating]))
+    labels = [_unquote(f) for f in fields] if header else []
     count = spec.fields or len(fields)
-    return header, [position(c, labels, count, where) for c in spec.columns], count
+    try:
+        positions = [position(c, labels, count, where) for c in spec.columns]
+    except IngestError:
+        if first.lstrip().startswith("#"):
+            raise IngestError(
+                f"{where}: {first.strip()[:40]!r} looks like a comment; comment lines are not "
+                "supported: remove them"
+            ) from None
+        raise
+    return number if header else 0, positions, count
+
+
+def _first_line(head: bytes, data: IO[bytes]) -> tuple[int, bytes]:
+    """(number, bytes) of the first line that is not blank, (1, b"") if none: `head` is what
+    was read of `data`, which is read on in blocks (a zstd stream has no readline)."""
+    number, parts = 1, []
+    for block in itertools.chain([head], iter(lambda: data.read(_SNIFF), b"")):
+        *ends, rest = block.split(b"\n")
+        for end in ends:
+            line, parts = b"".join([*parts, end]), []
+            if line.strip():
+                return number, line
+            number += 1
+        parts.append(rest)
+    line = b"".join(parts)
+    return (number, line) if line.strip() else (1, b"")
 
 
 _SNIFF = 8192  # bytes looked at to tell text from binary data
@@ -231,6 +274,25 @@ _MAGIC = (
     (b"\xff\xfe", "it looks like UTF-16 text; convert it to UTF-8 (iconv -f UTF-16)"),
     (b"\xfe\xff", "it looks like UTF-16 text; convert it to UTF-8 (iconv -f UTF-16)"),
 )  # fmt: skip
+
+
+class _Spaces(io.RawIOBase):
+    """The stream pandas parses, noting whether a space or a tab that is not the delimiter
+    went by: only then may a field end in whitespace, and are fields stripped (a Python call
+    per value: too slow for every file)."""
+
+    def __init__(self, data: IO[bytes], delimiter: str | None):
+        super().__init__()
+        self.data, self.spaced = data, False
+        self.marks = [m for m in (b" ", b"\t") if delimiter not in (None, m.decode())]
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        block = self.data.read(size)
+        self.spaced = self.spaced or any(m in block for m in self.marks)
+        return block
 
 
 def binary_kind(head: bytes) -> str | None:
@@ -278,6 +340,10 @@ def _text_errors(name: str) -> Iterator[None]:
     try:
         yield
     except pd.errors.ParserError as exc:
+        if "Calling read(nbytes) on source failed" in str(exc):
+            # Ctrl-C in a read: pandas drops the handler's KeyboardInterrupt (a bare type, no
+            # value yet) and raises this instead
+            raise KeyboardInterrupt from None
         found = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(exc))
         if found is None:
             raise IngestError(f"{name}: cannot parse the file: {exc}") from None
@@ -290,6 +356,20 @@ def _text_errors(name: str) -> Iterator[None]:
         raise IngestError(f"{name}: not UTF-8 text ({exc}); is the format right?") from None
     except (OSError, EOFError) as exc:
         raise IngestError(f"{name}: cannot read the file ({exc})") from None
+
+
+def _unquote(field: str) -> str:
+    return field.strip().strip('"').strip()
+
+
+def _is_name(field: str) -> bool:
+    """Whether a field reads as a column name: it has a letter and is no number (nor nan or
+    inf) and no NA."""
+    text = _unquote(field)
+    return bool(re.search(r"[^\W\d_]", text)) and not _is_number(text) and text.lower() not in _NA
+
+
+_NA = {"na", "n/a", "#n/a", "<na>", "null", "none"}
 
 
 def _is_number(text: str) -> bool:
@@ -323,6 +403,7 @@ def read_parquet(files: Files, columns: Sequence[Column], chunk_rows: int) -> It
                     batch_size=chunk_rows, columns=list(dict.fromkeys(names))
                 ):
                     cols = [batch.column(c).to_numpy(zero_copy_only=False) for c in names]
+                    cols[:2] = map(_nan_as_missing, cols[:2])
                     seq = files.seq(k, rows + 1, batch.num_rows)
                     rows += batch.num_rows
                     size = files.start[k + 1] - files.start[k]
@@ -337,11 +418,22 @@ def read_parquet(files: Files, columns: Sequence[Column], chunk_rows: int) -> It
 def read_arrays(
     users: np.ndarray, items: np.ndarray, ratings: np.ndarray, chunk_rows: int
 ) -> Iterator[Chunk]:
-    """Slices of in-memory arrays (views, no copies)."""
+    """Slices of in-memory arrays (views, no copies; float ids with NaN excepted)."""
     for lo in range(0, len(ratings), chunk_rows):
         hi = min(lo + chunk_rows, len(ratings))
         seq = np.arange(lo, hi, dtype=np.int64)
-        yield Chunk(users[lo:hi], items[lo:hi], ratings[lo:hi], seq, hi)
+        ids = (_nan_as_missing(a[lo:hi]) for a in (users, items))
+        yield Chunk(*ids, ratings[lo:hi], seq, hi)
+
+
+def _nan_as_missing(ids: np.ndarray) -> np.ndarray:
+    """Float ids with NaN (a nullable integer column's nulls) as objects with None there:
+    ingestion then names the id as missing, not as a fraction."""
+    if ids.dtype.kind != "f" or not np.isnan(ids).any():
+        return ids
+    out = ids.astype(object)
+    out[np.isnan(ids)] = None
+    return out
 
 
 def show(value: Any) -> str:
