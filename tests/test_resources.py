@@ -103,4 +103,5 @@ def test_a_gpu_cluster_starts_with_the_rmm_pool_asked_for(size, fraction):
     with cluster_client(config) as client:
         for pool, total in client.run(pool_and_total).values():
             want = fraction * total if fraction else 2e9
-            assert abs(pool - want) <= 2**21  # dask-cuda rounds to its alignment
+            # dask-cuda takes the share of NVML's total and rounds: 8.55 GB for 10% of an H100
+            assert pool == pytest.approx(want, rel=0.01)
