@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from cumf_dask.data.sampling import (
     sorted_unique,
     zipf_cdf,
     zipf_cdf_inv,
+    zipf_mass,
 )
 from cumf_dask.data.store import RatingsStore
 from cumf_dask.data.synthetic import generate
@@ -165,7 +167,13 @@ def test_planted_values_without_noise(tmp_path):
     ],
 )
 def test_degrees_exact(m, n, nnz, skew, nonempty):
-    model = PlantedModel(m=m, n=n, nnz=nnz, skew=skew, nonempty=nonempty)
+    check_degrees_exact(PlantedModel(m=m, n=n, nnz=nnz, skew=skew, nonempty=nonempty))
+
+
+def check_degrees_exact(model):
+    """The degrees sum to nnz within the capacities, and the pairs drawn are those degrees,
+    distinct, with the forced pairs."""
+    m, n, nnz, skew, nonempty = model.m, model.n, model.nnz, model.skew, model.nonempty
     degrees = model.degrees(np.arange(m))
     assert degrees.sum() == nnz
     assert degrees.max() <= n
@@ -183,6 +191,63 @@ def test_degrees_exact(m, n, nnz, skew, nonempty):
         assert degrees.min() >= 1 and np.bincount(col, minlength=n).min() >= 1
     elif skew >= 1:
         assert degrees.min() == 0
+
+
+@pytest.mark.parametrize("skew", [5.0, 10.0, 20.0, 50.0])
+@pytest.mark.parametrize(
+    "m, n, nnz, nonempty",
+    [
+        (100, 100, 1000, True),  # were 694 ratings at skew 20, 298 at skew 50
+        (100, 100, 10_000, True),  # completely dense
+        (200, 50, 9000, True),  # 90% dense: mostly full rows
+        (50, 300, 12_000, True),  # n > m: several forced columns a row
+        (300, 200, 3000, False),
+        (7, 1, 6, False),
+        (10, 10, 99, True),
+    ],
+)
+def test_degrees_exact_at_steep_skews(m, n, nnz, nonempty, skew):
+    """At steep skews Phi flattens out and its differences cancelled: the degrees summed to
+    less than nnz (NaN counts clipped to 0) and the store had fewer ratings, exit 0."""
+    check_degrees_exact(PlantedModel(m=m, n=n, nnz=nnz, skew=skew, nonempty=nonempty))
+
+
+def test_degrees_that_miss_nnz_are_an_error():
+    """A degree outside [0, capacity] (here a plan whose width cancelled to 0, as at steep
+    skews before) is an error naming the skew, never a store with fewer ratings."""
+    model = PlantedModel(m=100, n=100, nnz=1000, skew=20.0)
+    h, rest, _, _, _ = model._degree_plan
+    model.__dict__["_degree_plan"] = (h, rest, False, 0.0, 0.0)
+    with (
+        np.errstate(divide="ignore", invalid="ignore"),
+        pytest.raises(ConfigError, match=r"skew=20\.0 is too steep .* not sum to nnz=1000"),
+    ):
+        model.degrees(np.arange(100))
+
+
+@pytest.mark.parametrize(
+    "model, expect",
+    [
+        (SMALL, ("e4424166a8b1cfd8", "940f3ccdb5bd05cc")),
+        (PlantedModel(m=400, n=60, nnz=16_000, seed=3), ("87064bdf087717f0", "d8c76a861b09a488")),
+        (PlantedModel(m=300, n=5000, nnz=200_000, skew=1.0, seed=5),
+         ("2f34c7343973943f", "ffe17157d4719257")),
+        (PlantedModel(m=1000, n=1000, nnz=5000, skew=2.0, nonempty=False),
+         ("913b5abf7a5b9ee4", "8efc7f3ba39e3b23")),
+        (PlantedModel(m=200, n=50, nnz=9000, skew=0.0), ("b0390d62c2ecdd4c", "96fa3ac68686cbbe")),
+    ],
+    ids=["small", "race", "forced", "no-forced", "uniform"],
+)  # fmt: skip
+def test_degrees_and_pairs_are_pinned(model, expect):
+    """Degrees and pairs of usual skews as generated before the steep skews were fixed:
+    benchmarks recorded on planted stores keep their data."""
+
+    def digest(a):
+        return hashlib.sha256(np.ascontiguousarray(a, dtype="<i8").tobytes()).hexdigest()[:16]
+
+    pairs = [model.band_pairs(r0, min(model.m, r0 + 256), 64) for r0 in range(0, model.m, 256)]
+    keys = np.sort(np.concatenate([row * model.n + col for row, col, _ in pairs]))
+    assert (digest(model.degrees(np.arange(model.m))), digest(keys)) == expect
 
 
 def test_presets_and_scale():
@@ -397,6 +462,17 @@ def test_sampling_helpers_match_numpy(xp):
     ranks = np.linspace(0, 1e5, 101)
     back = zipf_cdf_inv(xp, zipf_cdf(xp, xp.asarray(ranks), 0.8), 0.8)
     np.testing.assert_allclose(to_host(back), ranks, rtol=1e-9, atol=1e-9)
+    # the mass between ranks, relative to the level at the lower one: the difference of
+    # Phi where that is accurate, and no cancellation where it is not (skew 2: (x-h)/(x+1))
+    for skew in (0.0, 0.8, 1.0, 1.5):
+        mass = zipf_mass(xp, 3.0, xp.asarray(ranks), skew) * 4.0 ** (1 - skew)
+        diff = zipf_cdf(np, ranks, skew) - zipf_cdf(np, 3.0, skew)
+        np.testing.assert_allclose(to_host(mass), diff, rtol=1e-12, atol=1e-12)
+    lo, far = 1e6, xp.asarray([1e6 + 1, 2e6, 1e12])
+    np.testing.assert_allclose(to_host(zipf_mass(xp, lo, far, 2.0)),
+                               to_host((far - lo) / (far + 1)), rtol=1e-14)  # fmt: skip
+    steep = to_host(zipf_mass(xp, xp.arange(1e5), xp.arange(1e5) + 1, 50.0))
+    assert (steep > 0).all() and (np.diff(steep) < 0).all()  # was 0 from rank 2 on
     np.testing.assert_array_equal(
         to_host(split_mask(xp.asarray(x), xp.asarray(x * 3), 0.3, 5)), split_mask(x, x * 3, 0.3, 5)
     )
@@ -410,8 +486,10 @@ def test_sampling_helpers_match_numpy(xp):
         (PlantedModel(m=400, n=60, nnz=16_000, seed=3), 64, 16),  # mostly the race
         (PlantedModel(m=300, n=5000, nnz=200_000, seed=5), 64, 512),  # ~17 forced pairs a row
         (PlantedModel(m=1000, n=1000, nnz=5000, skew=2.0, nonempty=False), 128, 100),
+        (PlantedModel(m=300, n=200, nnz=3000, skew=5.0, nonempty=False), 64, 50),  # hopeless
+        (PlantedModel(m=100, n=100, nnz=1000, skew=10.0), 32, 100),  # the log-space race
     ],
-    ids=["small", "race", "forced", "no-forced"],
+    ids=["small", "race", "forced", "no-forced", "skew-5", "skew-10"],
 )
 def test_gpu_band_pairs_match_cpu(model, tile_rows, tile_cols):
     cupy = import_cupy()

@@ -38,7 +38,9 @@ CPU's to float32 rounding, not bit for bit.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from functools import cached_property, lru_cache
 from typing import Any
@@ -59,6 +61,7 @@ from .sampling import (
     sorted_unique,
     zipf_cdf,
     zipf_cdf_inv,
+    zipf_mass,
 )
 
 #: fields that say how the shape was chosen, not what the model is
@@ -74,8 +77,26 @@ _DENSE_SHARE = 0.5
 _RACE_CELLS = 1 << 22
 #: ratings per chunk when computing values (bounds the rank-wide temporaries)
 _VALUE_CHUNK = 1 << 20
+#: Draws at steep skews repeat the few popular columns: a row lacking a few columns draws
+#: them a few at a time, and the per-round test of _draw_sparse never judges that slow (a
+#: 1000-column band of skew 5 took 380,000 rounds, 30 s; a million-column band of skew 3
+#: more than 3 million, 12 minutes). From round _HOPELESS_FROM on (every row starts in
+#: round 1, so this does not depend on the band), at each power of two, a row goes to the
+#: race where its expected draws to finish (left over p, the law's share of its free
+#: columns) exceed _HOPELESS times the race's cost, or its last column alone expects more
+#: than twice _MAX_ROUNDS rounds (1 / p); after _MAX_ROUNDS every row does. Rows of skews
+#: up to 1 take at most a few hundred rounds and are far from hopeless, rows of skew 2
+#: about 8,000 rounds for a million columns: they draw exactly as before.
+_HOPELESS_FROM = 64
+_HOPELESS = 64
+_MAX_ROUNDS = 1 << 14
 #: Theta* is tabulated once per process when n * rank is at most this
 _THETA_TABLE = 1 << 24
+#: the degrees use differences of Phi where their rounding error bound is at most this
+#: (ratings, in any cumulative count): below half a rating no degree can leave [0, capacity]
+_DIFFERENCE_SLACK = 0.25
+#: the race divides by differences of Phi where each is within this relative error
+_WEIGHT_SLACK = 2.0**-10
 
 
 @dataclass(frozen=True)
@@ -198,47 +219,87 @@ class PlantedModel:
         return h * self.n - (q * h + min(h, rem))
 
     @cached_property
-    def _degree_plan(self) -> tuple[int, int, float, float]:
-        """(h, R, Phi(h), Phi(m) - Phi(h)): ranks below h are full rows; the other ranks share
+    def _degree_plan(self) -> tuple[int, int, bool, float, float]:
+        """(h, R, relative, base, width): ranks below h are full rows; the other ranks share
         the R remaining extra ratings by Zipf mass, each at most its capacity minus one before
         rounding (so at most its capacity after). h is the least rank where that holds; the
-        condition is monotone in h, hence the bisection."""
-        m, s = self.m, self.skew
+        condition is monotone in h, hence the bisection. The ranks below x >= h get
+        ``rint(R * mass(x) / width)`` of the R, where mass(x) is the Zipf mass over [h, x]:
+        ``Phi(x) - base`` (base = Phi(h)), or where `relative`, ``zipf_mass(h, x)``.
+
+        The difference of Phi is the original form, kept where its rounding cannot move a
+        count by _DIFFERENCE_SLACK of a rating, so that the degrees of stores generated
+        before do not change; at steep skews (from about 3, with many full rows) it cancels,
+        and the relative form, which does not, takes over. Either way the counts at h and m
+        are 0 and R exactly, so the degrees telescope to nnz; :meth:`_extras` checks every
+        degree it computes, so no store is ever written with fewer ratings than nnz.
+        """
+        m, n, s = self.m, self.n, self.skew
         extras = self.nnz - self.n_forced
         q, rem = divmod(self.n_forced, m)
 
-        def fits(h: int) -> bool:
-            if h >= m:
-                return True
-            rest = extras - self._sum_capacity(h)
+        def least(fits: Callable[[int, int, int], bool]) -> int:
+            lo, hi = 0, m
+            while lo < hi:
+                h = (lo + hi) // 2
+                if fits(h, extras - self._sum_capacity(h), n - q - (1 if h < rem else 0)):
+                    hi = h
+                else:
+                    lo = h + 1
+            return lo
+
+        def fits_difference(h: int, rest: int, cap: int) -> bool:
             phi = zipf_cdf(np, np.array([h, h + 1, m], np.float64), s)
-            cap = self.n - q - (1 if h < rem else 0)
             return rest * (phi[1] - phi[0]) <= (cap - 1) * (phi[2] - phi[0])
 
-        lo, hi = 0, m
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if fits(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        phi_h, phi_m = zipf_cdf(np, np.array([lo, m], np.float64), s)
-        return lo, extras - self._sum_capacity(lo), float(phi_h), float(phi_m - phi_h)
+        h = least(fits_difference)
+        phi_h, phi_m = zipf_cdf(np, np.array([h, m], np.float64), s)
+        width = float(phi_m - phi_h)
+        # Phi(x) = expm1(z) / (1 - s) with z = (1 - s) log1p(x): a few ulps, and |z| more
+        # where z > 0 amplifies log1p's error; the difference keeps the absolute error
+        ulps = 4 + 2 * max(0.0, (1.0 - s) * math.log1p(m))
+        error = (extras - self._sum_capacity(h)) * ulps * np.finfo(np.float64).eps * phi_m
+        if h >= m or (width > 0 and error <= _DIFFERENCE_SLACK * width):
+            return h, extras - self._sum_capacity(h), False, float(phi_h), width
+
+        def fits(h: int, rest: int, cap: int) -> bool:
+            mass = zipf_mass(np, float(h), np.array([h + 1, m], np.float64), s)
+            return rest * mass[0] <= (cap - 1) * mass[1]
+
+        h = least(fits)
+        width = float(zipf_mass(np, float(h), np.float64(m), s)) if h < m else 1.0
+        if not 0 < width < math.inf:
+            raise ConfigError(
+                f"generate: skew={s} is too steep to share nnz={self.nnz} ratings over {m} "
+                f"rows in float64 (the Zipf mass of ranks {h} to {m} is {width}); lower the skew"
+            )
+        return h, extras - self._sum_capacity(h), True, 0.0, width
 
     def _extras(self, rank: np.ndarray) -> np.ndarray:
         """Unforced ratings of the rows with these ranks (telescoped: they sum to exactly
-        nnz - n_forced over all ranks)."""
-        h, rest, phi_h, width = self._degree_plan
+        nnz - n_forced over all ranks, which the check that each lies within [0, capacity]
+        ensures: a count clipped there would change the sum)."""
+        h, rest, relative, base, width = self._degree_plan
         cap = self.n - self._forced_count(rank)
         if h >= self.m:
             return cap
         r = np.maximum(rank, h).astype(np.float64)
 
         def cum(x: np.ndarray) -> np.ndarray:
-            return np.rint(rest * ((zipf_cdf(np, x, self.skew) - phi_h) / width))
+            if relative:
+                return np.rint(rest * (zipf_mass(np, float(h), x, self.skew) / width))
+            return np.rint(rest * ((zipf_cdf(np, x, self.skew) - base) / width))
 
-        mid = (cum(r + 1) - cum(r)).astype(np.int64)
-        return np.where(rank < h, cap, np.clip(mid, 0, cap))
+        mid = cum(r + 1) - cum(r)
+        bad = np.flatnonzero((rank >= h) & ~((mid >= 0) & (mid <= cap)))  # NaN is bad too
+        if bad.size:
+            i = bad[0]
+            raise ConfigError(
+                f"generate: skew={self.skew} is too steep for exact degrees in float64: rank "
+                f"{rank[i]} of {self.m} would get {mid[i]} ratings of at most {cap[i]}, and the "
+                f"degrees would not sum to nnz={self.nnz}; lower the skew"
+            )
+        return np.where(rank < h, cap, mid.astype(np.int64))
 
     def degrees(self, rows: np.ndarray) -> np.ndarray:
         """Ratings (training and test) of the given rows; they sum to nnz over all rows."""
@@ -299,7 +360,7 @@ class PlantedModel:
         switch = xp.zeros(rows.size, xp.int64)
         accepted = []
         pool = forced_keys  # keys of the rows still drawing, sorted
-        while True:
+        for rounds in itertools.count(1):
             active = xp.flatnonzero(need > 0)
             if not active.size:
                 break
@@ -308,7 +369,8 @@ class PlantedModel:
             local = active[i]
             j += drawn[local]
             u = unit(xp, hash64(xp, hash64(xp, key, rows[local]), j))
-            rank = xp.minimum(zipf_cdf_inv(xp, u * phi_n, self.skew), self.n - 1).astype(xp.int64)
+            # fmin: at steep skews u * phi_n can round past the law's total (a NaN rank)
+            rank = xp.fmin(zipf_cdf_inv(xp, u * phi_n, self.skew), self.n - 1).astype(xp.int64)
             cand = sorted_unique(xp, coder.encode(local, self._col_perm(rank)))
             new = cand[~sorted_isin(xp, pool, cand)]
             accepted.append(new)
@@ -317,12 +379,47 @@ class PlantedModel:
             drawn[active] += k
             left = need[active]
             # expected draws to finish vs the race's cost (one key per free column)
-            slow = (left > 0) & (left * (k + 1) > (got + 1) * cap[active])
+            slow = (left > 0) & (
+                (left * (k + 1) > (got + 1) * cap[active]) | (rounds == _MAX_ROUNDS)
+            )
+            if rounds >= _HOPELESS_FROM and not rounds & (rounds - 1):
+                free = self._free_share(xp, xp.concatenate([pool, new]), coder, rows.size)
+                free = free[active]
+                slow |= (left > 0) & (
+                    (left > _HOPELESS * cap[active] * free) | (free * (2 * _MAX_ROUNDS) < 1)
+                )
             switch[active[slow]] = left[slow]
             need[active[slow]] = 0
             pool = xp.sort(xp.concatenate([pool, new]))
             pool = pool[need[coder.local(pool)] > 0]
         return xp.sort(xp.concatenate(accepted)) if accepted else xp.zeros(0, xp.int64), switch
+
+    def _free_share(self, xp: Any, taken: Array, coder: KeyCoder, size: int) -> Array:
+        """Per local row, the share of the column law outside the `taken` keys (the chance
+        that a draw is new), from the masses of the taken columns (which do not cancel)."""
+        local, col = coder.decode(taken)
+        rank = self._col_perm.inverse(col).astype(xp.float64)
+        s = self.skew
+        mass = xp.exp((1.0 - s) * xp.log1p(rank) + xp.log(zipf_mass(xp, rank, rank + 1, s)))
+        if xp is np:
+            total = np.bincount(local, weights=mass, minlength=size)
+        else:
+            total = xp.zeros(size, xp.float64)
+            xp.add.at(total, local, mass)
+        return 1.0 - total / float(zipf_cdf(np, np.float64(self.n), s))
+
+    @cached_property
+    def _log_race(self) -> bool:
+        """Whether the race compares logarithms: a column's weight, the difference Phi(r + 1)
+        - Phi(r) (the original form, kept where it is accurate so that stores generated
+        before do not change), cancels in the tail of a steep law (to 0 from about rank 60
+        at skew 10, where free columns would tie with the taken ones at infinity). The
+        lightest weight, of rank n - 1, is the least accurate; this is decided on the CPU,
+        so a GPU run takes the same path."""
+        n, s = self.n, self.skew
+        log_lightest = (1.0 - s) * math.log(n) + math.log(zipf_mass(np, n - 1.0, float(n), s))
+        error = 4 * np.finfo(np.float64).eps * float(zipf_cdf(np, np.float64(n), s))
+        return bool(math.log(error / _WEIGHT_SLACK) > log_lightest)
 
     def _draw_race(
         self,
@@ -337,7 +434,13 @@ class PlantedModel:
         the columns with the least Exp(1) / popularity, skipping the `taken` keys."""
         key = xp.uint64(stream_key(self.seed, _RACE))
         ranks = xp.arange(self.n, dtype=xp.float64)
-        weight = zipf_cdf(xp, ranks + 1, self.skew) - zipf_cdf(xp, ranks, self.skew)
+        if self._log_race:
+            # the same order as Exp(1) / weight: log Exp(1) - log weight, which stays finite
+            log_weight = (1.0 - self.skew) * xp.log1p(ranks) + xp.log(
+                zipf_mass(xp, ranks, ranks + 1, self.skew)
+            )
+        else:
+            weight = zipf_cdf(xp, ranks + 1, self.skew) - zipf_cdf(xp, ranks, self.skew)
         racing = xp.zeros(rows.size, bool)
         racing[which] = True
         taken_local, taken_col = coder.decode(taken[racing[coder.local(taken)]])
@@ -348,7 +451,10 @@ class PlantedModel:
         for b0 in range(0, which.size, per_batch):
             batch = which[b0 : b0 + per_batch]
             z = hash64(xp, hash64(xp, key, rows[batch])[:, None], xp.arange(self.n))
-            race = -xp.log(unit(xp, z)) / weight
+            if self._log_race:
+                race = xp.log(-xp.log(unit(xp, z))) - log_weight
+            else:
+                race = -xp.log(unit(xp, z)) / weight
             lo = int(xp.searchsorted(taken_local, batch[0]))
             hi = int(xp.searchsorted(taken_local, batch[-1], side="right"))
             slot = xp.searchsorted(batch, taken_local[lo:hi])
