@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from . import commands as c
 from .data.formats import FORMATS
 from .errors import (
     ConfigError,
@@ -114,13 +113,13 @@ def _ingest(i: argparse.ArgumentParser) -> None:
     _store_layout(i)
 
 
-def _job(p: argparse.ArgumentParser, train: bool) -> None:
+def _job(p: argparse.ArgumentParser, own: dict[str, Any], train: bool) -> None:
     p.add_argument("config", nargs="?", help="YAML config (default: the embedded quickstart, "
                    "or with --store settings for your own data; every key: "
                    "configs/reference.yaml)")  # fmt: skip
     p.add_argument("--store", metavar="PATH", help="train on this existing store; without a "
-                   f"config: f={c.OWN_DATA['factors']}, lambda={c.OWN_DATA['regularization']}, "
-                   f"{c.OWN_DATA['iterations']} iterations, the run named after the "
+                   f"config: f={own['factors']}, lambda={own['regularization']}, "
+                   f"{own['iterations']} iterations, the run named after the "
                    "store")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set model.factors=64")  # fmt: skip
@@ -132,6 +131,8 @@ def _job(p: argparse.ArgumentParser, train: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import commands as c  # Dask, Zarr and the engine: main catches a Ctrl-C meanwhile
+
     parser = argparse.ArgumentParser(
         prog="cumf-dask",
         description="ALS matrix factorization on Dask, on CPUs and GPUs.",
@@ -156,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--verify", action="store_true", help="read every chunk and check that the "
                    "store's ratings, counts and both orientations agree")  # fmt: skip
     _job(add("plan", c.cmd_plan, "print the plan and time forecast of a config (on a local "
-             "machine without starting a cluster)"), train=False)  # fmt: skip
-    _job(add("train", c.cmd_train, "run a configured training job"), train=True)
+             "machine without starting a cluster)"), c.OWN_DATA, train=False)  # fmt: skip
+    _job(add("train", c.cmd_train, "run a configured training job"), c.OWN_DATA, train=True)
 
     model_help = "a saved model, or a run folder such as runs/quickstart-latest"
     e = add("evaluate", c.cmd_evaluate, "RMSE and ranking metrics of a saved model")
@@ -205,7 +206,13 @@ def _warnings_as_log_lines(out: Output) -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()
+    except KeyboardInterrupt:  # while the commands' libraries were being imported
+        words = sys.argv[1:] if argv is None else argv
+        Output(False, "--json" in words).error("interrupted", 130)
+        return 130
+    args = parser.parse_args(argv)
     if args.quiet:  # also the libraries' warnings and Dask's logs, in worker processes too
         warnings.simplefilter("ignore")
         os.environ.setdefault("PYTHONWARNINGS", "ignore")

@@ -217,6 +217,24 @@ def run_cli(work, monkeypatch, capsys):
     return run
 
 
+def test_ctrl_c_while_the_libraries_load_is_an_interrupt(monkeypatch, run_cli):
+    """The command's module starts without Dask, Zarr or the engine (they load in main, where
+    a Ctrl-C is 'interrupted', exit 130, not a traceback from the imports)."""
+    started = subprocess.run(
+        [sys.executable, "-c", "import sys, cumf_dask.cli; print(sorted({'dask', 'zarr', "
+         "'cumf_dask.engine', 'cumf_dask.commands'} & set(sys.modules)))"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert started.stdout.strip() == "[]"
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("cumf_dask.cli.build_parser", interrupted)
+    out, err = run_cli("--json", "info", "x.zarr", code=130)
+    assert "interrupted" in err and json.loads(out)["exit_code"] == 130
+
+
 def test_generate_and_info(work, run_cli):
     gen, _ = run_cli("generate", "--m", "300", "--n", "50", "--nnz", "4000", "--rating-min", "1",
                      "--rating-max", "5", "-o", "data/gen.zarr", "--json")  # fmt: skip

@@ -452,6 +452,8 @@ BAD_TEXT = {
                       {"format": "delimited", "delimiter": ";"}),
     "comment": (["# ratings of 2024", *GOOD], 1,
                 "'# ratings of 2024' looks like a comment; comment lines are not supported", {}),
+    "comment further on": ([*GOOD[:3], "# more", *GOOD[3:]], 4,
+                           "'# more' looks like a comment", {}),
     "out of range": (["1,2,3", "0,0,1", "4,1,2"], 3, "user id '4' is not an integer in [0, 4)",
                      {"m": 4, "n": 3}),
     "not an integer": (["1,2,3", "0,1.5,1"], 2, "item id '1.5' is not an integer", {"n": 3}),

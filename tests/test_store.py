@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from cumf_dask.blocks import take_rows
 from cumf_dask.data.assemble import read_bands
 from cumf_dask.data.duplicates import resolve_duplicates
 from cumf_dask.data.hashing import split_mask
+from cumf_dask.data.planted import PlantedModel
 from cumf_dask.data.shards import HostTarget
 from cumf_dask.data.spill import StoreBuilder, build_store
 from cumf_dask.data.store import (
@@ -23,10 +25,12 @@ from cumf_dask.data.store import (
     MIN_BAND_CHUNK,
     RatingsStore,
     band_chunk,
+    check_tiles,
     default_tile,
 )
+from cumf_dask.data.synthetic import generate
 from cumf_dask.data.verify import verify_store
-from cumf_dask.errors import ConfigError, IngestError, PlanError, StoreError
+from cumf_dask.errors import ConfigError, CumfWarning, IngestError, PlanError, StoreError
 
 M, N = 130, 70
 
@@ -297,6 +301,26 @@ def test_declared_shape_is_checked_before_anything_is_written(tmp_path):
 )
 def test_default_tile_is_capped_for_very_sparse_shapes(shape, tile):
     assert default_tile(*shape) == tile
+
+
+def test_tiny_tiles_are_warned_of_before_the_slow_build(tmp_path):
+    """Tiles that cut the ratings into thousands more bands than the default (a task and
+    several files each) are named, with the default, before the build; usual ones are not."""
+    check_tiles(480_189, 17_770, 99_000_000, 8192, 8192)  # smaller than the default: fine
+    check_tiles(1_000_000_000, 48_000_000, 112_000_000_000, 65536, 65536)  # Facebook default
+    with pytest.warns(CumfWarning, match=r"tile_rows=1 and tile_cols=1 cut 3,000 x 3,000 "
+                      r"\(20,000 ratings\) into 6,000 bands .*\(here 4,096 x 4,096, 2 bands"):
+        check_tiles(3000, 3000, 20_000, 1, 1)
+    rows, cols, vals = random_ratings(3000, 3000, 20_000 / 9e6, seed=4)
+    url = tmp_path / "s.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CumfWarning)
+        with pytest.raises(CumfWarning, match="tile_rows=1 and tile_cols=1 cut 3,000"):
+            build_store(url, rows, cols, vals, (3000, 3000), tile_rows=1, tile_cols=1)
+        with pytest.raises(CumfWarning, match="tile_rows=1"):
+            generate(url, PlantedModel.create(m=3000, n=3000, nnz=20_000), tile_rows=1,
+                     tile_cols=1)  # fmt: skip
+    assert not url.exists()
 
 
 # ----------------------------------------------------------------------------- integrity

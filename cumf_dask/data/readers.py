@@ -170,6 +170,8 @@ def position(column: Column, labels: list[str], count: int, where: str) -> int:
 
 # ----------------------------------------------------------------------------- text
 
+_COMMENT = ("#", "%")  # how a comment line starts, to name one where it breaks the parse
+
 
 def read_text(files: Files, spec: TextFormat, chunk_rows: int) -> Iterator[Chunk]:
     """Stream delimited text files in chunks of `chunk_rows` lines; blank lines are skipped."""
@@ -202,10 +204,16 @@ def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> 
                 cols = [np.fromiter(map(str.strip, c), object, len(c)) for c in cols]
             missing = (cols[0] == "") | (cols[1] == "") | (cols[2] == "")
             if missing.any():
+                bad = int(np.argmax(missing))
+                where = files.where(seq[bad])
+                if str(table.iloc[bad, 0]).lstrip().startswith(_COMMENT):
+                    raise IngestError(
+                        f"{where}: {str(table.iloc[bad, 0]).strip()[:40]!r} looks like a "
+                        "comment; comment lines are not supported: remove them"
+                    )
                 raise IngestError(
-                    f"{files.where(seq[np.argmax(missing)])}: a field is missing (lines have "
-                    f"{fields} fields separated by {_show_sep(spec.delimiter)}); fix or remove "
-                    "the line"
+                    f"{where}: a field is missing (lines have {fields} fields separated by "
+                    f"{_show_sep(spec.delimiter)}); fix or remove the line"
                 )
             yield Chunk(*cols, seq, files.start[k] + raw.tell())
 
@@ -236,7 +244,7 @@ def _layout(files: Files, k: int, spec: TextFormat) -> tuple[int, list[int], int
     try:
         positions = [position(c, labels, count, where) for c in spec.columns]
     except IngestError:
-        if first.lstrip().startswith("#"):
+        if first.lstrip().startswith(_COMMENT):
             raise IngestError(
                 f"{where}: {first.strip()[:40]!r} looks like a comment; comment lines are not "
                 "supported: remove them"

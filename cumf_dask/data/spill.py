@@ -41,7 +41,7 @@ from .duplicates import DUPLICATE_POLICIES, DuplicatePolicy, resolve_duplicates
 from .hashing import SPLITS, SplitKind, split_mask, user_split_mask
 from .limits import check_dimension, check_fits
 from .parallel import run_tasks
-from .store import MAX_TILE, RatingsStore, default_tile
+from .store import MAX_TILE, RatingsStore, check_tiles, default_tile
 from .target import check_target, claim, discard, publish, work_url, writing
 
 SPILL_PREFIX = "cumf-spill-"
@@ -221,6 +221,7 @@ class StoreBuilder:
             created = True  # from here on a failure removes what was written
             tile_rows = self._store_tile_rows(m, n)
             tile_cols = self.tile_cols or default_tile(n, m, self._records)
+            check_tiles(m, n, self._records, tile_rows, tile_cols)
             init_store(work, m, n, tile_rows, tile_cols, overwrite=local or self.overwrite)
             n_row_tiles = math.ceil(m / tile_rows)
             n_col_tiles = math.ceil(n / tile_cols)

@@ -32,7 +32,7 @@ from .limits import check_fits
 from .parallel import Progress, run_tasks
 from .planted import PlantedModel
 from .sampling import Array
-from .store import RatingsStore, default_tile
+from .store import RatingsStore, check_tiles, default_tile
 from .target import check_target, claim, discard, publish, work_url, writing
 
 
@@ -72,6 +72,7 @@ def generate(
     m, n, nnz = model.m, model.n, model.nnz
     tile_rows = tile_rows or default_tile(m, n, nnz)
     tile_cols = tile_cols or default_tile(n, m, nnz)
+    check_tiles(m, n, nnz, tile_rows, tile_cols)
     bands = 2 * math.ceil(m / tile_rows) + math.ceil(n / tile_cols)  # row, test, column
     check_fits(m, n, bands, "lower m and n (or the preset's scale)", tile_rows)
     url = normalize_url(url)

