@@ -27,6 +27,7 @@ folder keeps two) and says so with a :class:`~cumf_dask.errors.CumfWarning`.
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import os
 import shutil
@@ -144,7 +145,8 @@ def _leftovers(path: Path) -> list[Path]:
     complete but not renamed in) and ``.old-*`` (the one it replaced)."""
     if not path.parent.is_dir():
         return []
-    return [p for prefix in (".tmp-", ".old-") for p in path.parent.glob(f"{prefix}{path.name}-*")]
+    name = glob.escape(path.name)
+    return [p for prefix in (".tmp-", ".old-") for p in path.parent.glob(f"{prefix}{name}-*")]
 
 
 def _is_complete(path: Path) -> bool:
@@ -189,7 +191,7 @@ def _write_arrays(group: Any, where: str, arrays: dict[str, Any], compute: Compu
     for name, arr in arrays.items():
         if arr is None:
             continue
-        dtype = str if arr.dtype.kind in "OUS" else arr.dtype
+        dtype = str if arr.dtype.kind in "OUST" else arr.dtype
         chunks = (min(ROW_CHUNK, max(1, arr.shape[0])), *tuple(arr.shape[1:]))
         target = group.create_array(name, shape=arr.shape, chunks=chunks, dtype=dtype)
         if isinstance(arr, da.Array):
@@ -252,6 +254,10 @@ def read_factors(path: str | Path, expect_format: str = MODEL_FORMAT) -> tuple[d
     return attrs, out
 
 
+# the arrays every model and checkpoint holds: a folder with one of them is a damaged model
+FACTOR_ARRAYS = ("user_factors", "item_factors")
+
+
 def _open(path: str | Path, expect_format: str, kind: str) -> tuple[Any, dict]:
     where = Path(local_path(path))
     try:
@@ -261,6 +267,8 @@ def _open(path: str | Path, expect_format: str, kind: str) -> tuple[Any, dict]:
             attrs = dict(group.attrs)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError):
         if where.is_dir() and any(where.iterdir()):
+            if kind == "model" and not any((where / a).exists() for a in FACTOR_ARRAYS):
+                raise _not_a_model(path, "a folder without saved factors") from None
             raise _damaged(path, kind, "its zarr.json (the group's metadata) is missing") from None
         left = [p.name for p in _leftovers(where) if _is_complete(p)]
         if left:
@@ -272,12 +280,31 @@ def _open(path: str | Path, expect_format: str, kind: str) -> tuple[Any, dict]:
         raise StoreError(f"{path}: no saved model or checkpoint here") from None
     except Exception as exc:
         raise _damaged(path, kind, f"its zarr.json cannot be read ({exc})") from None
-    if attrs.get("format") != expect_format or not attrs.get("complete"):
+    found = attrs.get("format")
+    if found == CHECKPOINT_FORMAT and expect_format == MODEL_FORMAT:
+        run = where.parent.parent if where.parent.name == "checkpoints" else "runs/NAME-latest"
         raise StoreError(
-            f"{path}: not a complete {expect_format} (format {attrs.get('format')!r}); "
+            f"{path}: a training checkpoint (iteration {attrs.get('iteration')}), not a saved "
+            f"model: give the run folder ({run}) or its model.zarr; a run that stopped before "
+            "saving its model goes on from its checkpoints with `cumf-dask train CONFIG "
+            "--resume`"
+        )
+    if kind == "model" and found not in (MODEL_FORMAT, CHECKPOINT_FORMAT):
+        what = {"cumf-dask-ratings": "a rating store", None: "a Zarr group of no cumf-dask "
+                "format"}.get(found, f"a Zarr group of format {found!r}")  # fmt: skip
+        raise _not_a_model(path, what)
+    if found != expect_format or not attrs.get("complete"):
+        raise StoreError(
+            f"{path}: not a complete {expect_format} (format {found!r}); "
             "was it written by cumf-dask, and did the write finish?"
         )
     return group, attrs
+
+
+def _not_a_model(path: Any, what: str) -> StoreError:
+    """A folder that is no model at all (not a damaged one): say what to give instead."""
+    return StoreError(f"{path}: not a cumf-dask model ({what}); give a model folder such as "
+                      "runs/NAME-latest, or its model.zarr")  # fmt: skip
 
 
 def _read_array(path: Any, group: Any, name: str, kind: str, sums: list[int] | None) -> Any:

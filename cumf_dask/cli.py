@@ -157,7 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--verify", action="store_true", help="read every chunk and check that the "
                    "store's ratings, counts and both orientations agree")  # fmt: skip
     _job(add("plan", c.cmd_plan, "print the plan and time forecast of a config (on a local "
-             "machine without starting a cluster)"), c.OWN_DATA, train=False)  # fmt: skip
+             "machine without starting a cluster)", epilog="data to generate is not built: "
+             "it is planned from its shape; a file to ingest is read into its store first "
+             "when that store does not exist yet; an existing store is never rebuilt "
+             "(data.overwrite rebuilds it in train)"), c.OWN_DATA, train=False)  # fmt: skip
     _job(add("train", c.cmd_train, "run a configured training job"), c.OWN_DATA, train=True)
 
     model_help = "a saved model, or a run folder such as runs/quickstart-latest"
@@ -166,8 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("store", nargs="?", help="store to evaluate on (default: the model's "
                    "training store, whose held-out ratings are the test set)")  # fmt: skip
     e.add_argument("-k", type=int, default=10, help="length of the ranked lists (@k)")
-    e.add_argument("--threshold", type=float, help="held-out ratings >= this are relevant")
-    e.add_argument("--users", type=int, default=10_000, help="users sampled for ranking")
+    e.add_argument("--threshold", type=float, help="held-out ratings >= this are relevant "
+                   "(explicit models; implicit: every positive count)")  # fmt: skip
+    e.add_argument("--users", type=int, help=f"users sampled for ranking (default: "
+                   f"{c.USERS:,}; explicit models: implicit ones rank every user)")  # fmt: skip
 
     r = add("recommend", c.cmd_recommend, "top-k items for a user (in the user's own ids)")
     r.add_argument("model", help=model_help)

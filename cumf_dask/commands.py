@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import Config, GenerateConfig, load_config
+from .config import Config, GenerateConfig, check_columns, load_config
 from .errors import ConfigError
 from .output import Output, recommend_table, report_store, rmse_line
 
@@ -26,6 +26,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 # paper's Netflix 0.05 on sparser data: on a MovieLens-1M-shaped planted model (noise 0.9,
 # rounded stars) f = 64 scored test RMSE 0.894 with 0.1, 0.924 with 0.05, 1.055 with 0.02.
 OWN_DATA = {"factors": 64, "regularization": 0.1, "iterations": 10}
+USERS = 10_000  # evaluate: users sampled for the ranking metrics of an explicit model
 
 
 def cmd_generate(args: argparse.Namespace, out: Output) -> None:
@@ -56,7 +57,8 @@ def cmd_ingest(args: argparse.Namespace, out: Output) -> None:
     columns = None
     if args.columns:
         names = [c.strip() for c in args.columns.split(",")]
-        columns = [int(c) if c.isdigit() else c for c in names]
+        columns = [int(c) if c.isdecimal() else c for c in names]
+        check_columns("--columns", columns)
     with out.progress() as progress:
         store = ingest_file(
             args.file, args.output, args.format, delimiter=args.delimiter, header=args.header,
@@ -114,7 +116,7 @@ def cmd_plan(args: argparse.Namespace, out: Output) -> None:
         client = None  # a local cluster is planned from this machine, without starting it
         if config.cluster.address:
             client = stack.enter_context(cluster_client(config.cluster))
-        planned = job_plan(config, client, progress, out.log)
+        planned = job_plan(config, client, progress, out.log, rebuild=False)
     plan = planned.plan
     fc = forecast(config, plan, planned.generate_nnz)
     refusal = None
@@ -173,6 +175,8 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
     from .records import model_path
 
     _check_k(args.k)
+    if args.users is not None and args.users < 1:
+        raise ConfigError(f"--users must be at least 1, got {args.users}")
     model = ALS.load(model_path(args.model))
     url = args.store or model.store_url_
     if not url:
@@ -181,17 +185,15 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
     if args.k > model.shape_[1]:
         out.log(f"k={args.k} is more than the {model.shape_[1]:,} items: ranking metrics at "
                 f"k={model.shape_[1]:,}")  # fmt: skip
-    implicit = getattr(model, "implicit", False)
-    if implicit:
-        from .implicit.metrics import ranking_metrics_at_k
-
-        result: dict[str, Any] = ranking_metrics_at_k(model, store, k=args.k)  # type: ignore[arg-type]
+    if getattr(model, "implicit", False):
+        result = _implicit_metrics(args, model, store)
     else:
         result = {"train_rmse": model.rmse(store, kind="train")}
-    if store.has_test and not implicit:
-        result["test_rmse"] = model.rmse(store, kind="test")
-        result.update(ranking_metrics(model, store, k=args.k, threshold=args.threshold,
-                                      max_users=args.users))  # fmt: skip
+        if store.has_test:
+            _check_threshold(args.threshold, store)
+            result["test_rmse"] = model.rmse(store, kind="test")
+            result.update(ranking_metrics(model, store, k=args.k, threshold=args.threshold,
+                                          max_users=args.users or USERS))  # fmt: skip
 
     def human() -> None:
         for key, value in result.items():
@@ -233,21 +235,55 @@ def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
     out.result(result, human)
 
 
+def _implicit_metrics(args: argparse.Namespace, model: Any, store: Any) -> dict[str, Any]:
+    """evaluate of an implicit model: ranking metrics over every user with held-out
+    interactions (ranking_metrics_at_k has no threshold and no sample of users)."""
+    from .implicit.metrics import ranking_metrics_at_k
+
+    for option, value in (("--threshold", args.threshold), ("--users", args.users)):
+        if value is not None:
+            raise ConfigError(
+                f"{option} is for explicit models: an implicit model is ranked on every held-"
+                f"out interaction of every user, each with a positive count; leave {option} out"
+            )
+    if not store.has_test:
+        raise ConfigError(
+            f"{store.url} has no held-out interactions to rank: build the store with a test "
+            "share (data.test_fraction > 0 in the config, or --test-fraction of `cumf-dask "
+            "ingest`) and train on it, or give such a store after the model"
+        )
+    return ranking_metrics_at_k(model, store, k=args.k)
+
+
+def _check_threshold(threshold: float | None, store: Any) -> None:
+    """--threshold leaves some held-out rating relevant (else no metric has a user)."""
+    if threshold is None:
+        return
+    _, _, values = store.read_coo("row", split="test")
+    top = float(values.max())
+    if top < threshold:
+        raise ConfigError(
+            f"--threshold {threshold:g}: no held-out rating is that high (the highest is "
+            f"{top:g}); give a threshold of at most {top:g}, or leave it out"
+        )
+
+
 def _check_k(k: int) -> None:
     if k < 1:
         raise ConfigError(f"-k must be at least 1, got {k}")
 
 
 def _user_id(text: str, model: Any) -> Any:
-    """The user id typed on the command line, as the model's ids are typed (int or text)."""
+    """The user id typed on the command line, as the model's ids are typed (int or text).
+
+    An integer is plain decimal digits: int() would also take '1_0' (10), ' 7' or '٣'."""
     ids = model.user_ids_
     if ids is not None and ids.dtype.kind not in "iu":
         return text
-    try:
-        return int(text)
-    except ValueError:
+    if not re.fullmatch(r"-?[0-9]+", text):
         kind = "the model's user ids are integers" if ids is not None else "users are indices"
-        raise ConfigError(f"user {text!r} is not in the model's user ids ({kind})") from None
+        raise ConfigError(f"user {text!r} is not in the model's user ids ({kind})")
+    return int(text)
 
 
 def available_benchmarks(root: Path = BENCHMARKS) -> list[str]:

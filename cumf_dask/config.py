@@ -5,8 +5,10 @@ Every error names the file, the dotted key and what is allowed, e.g.::
     configs/x.yaml: unknown key 'model.factor' (did you mean 'factors'?); allowed: factors, ...
 
 One namespace, one schema: the dataclasses below *are* the schema; ``configs/reference.yaml``
-documents every key with a comment. Files and ``--set`` values are read alike: ``1e-3`` is a
-number (as in YAML 1.2), a key repeated in a mapping and an empty file are errors.
+documents every key with a comment. Files and ``--set`` values are read alike, numbers as in
+YAML 1.2: ``1e-3`` is a number, ``064`` is 64 (not YAML 1.1's octal 52: octal is ``0o100``),
+``1:30`` is text (not 1.1's base-60 90); a key repeated in a mapping and an empty file are
+errors. A leading ``~`` in ``data.store`` and ``output.dir`` is the home folder.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .data.duplicates import DuplicatePolicy
 from .data.formats import FORMATS
 from .data.hashing import SplitKind
 from .errors import ConfigError
+from .paths import expand_home
 
 Reduction = Literal["scatter", "two-phase", "one"]
 BackendName = Literal["auto", "numpy", "cupy"]
@@ -288,45 +291,102 @@ def load_config(
     source = str(path) if path is not None else "<config>"
     raw: Any = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"{source}: config file not found (give an existing YAML file)")
-        try:
-            raw = read_yaml(p.read_text(), source)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
-        if raw is None:
+        raw = _read_file(Path(path), source)
+        if not isinstance(raw, dict):
             raise ConfigError(
-                f"{source}: empty config file; give the sections to set (data, model, plan, "
-                "cluster, output: every key is in configs/reference.yaml)"
+                f"{source}: the top level must be a mapping of sections (data, model, plan, "
+                f"cluster, output), got {type(raw).__name__}"
             )
+    config = _build(Config, raw, source, "")  # the file as written: `data` cannot hide its errors
     if data is not None:
         raw = _merge(raw, data)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of sections")
-    config = _build(Config, raw, source, "")
+        config = _build(Config, raw, source, "")
     _check_ranges(config, source)
     for item in overrides or []:
         where = f"--set {item}"
         raw = _merge(raw, _parse_override(item, where))
         config = _build(Config, raw, where, "")
         _check_ranges(config, where)
+    return _expand_home(config)
+
+
+def _read_file(path: Path, source: str) -> Any:
+    """The YAML document of a config file; anything that stops it being read is a ConfigError."""
+    if path.is_dir():
+        raise ConfigError(f"{source}: is a folder, not a config file (give a YAML file)")
+    if not path.is_file():
+        raise ConfigError(f"{source}: config file not found (give an existing YAML file)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{source}: not a UTF-8 text file (byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start}); a config is YAML text: save it as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"{source}: cannot read the config file ({exc.strerror or exc}); check its "
+            "permissions, or give another file"
+        ) from None
+    try:
+        raw = read_yaml(text, source)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    if raw is None:
+        raise ConfigError(
+            f"{source}: empty config file; give the sections to set (data, model, plan, "
+            "cluster, output: every key is in configs/reference.yaml)"
+        )
+    return raw
+
+
+def _expand_home(config: Config) -> Config:
+    """A leading ``~`` in the local folders the job writes, as a shell (and data.ingest.path's
+    fsspec) would read it; otherwise a folder literally named ``~`` would be made."""
+    config.data.store = expand_home(config.data.store)
+    config.output.dir = expand_home(config.output.dir)
     return config
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, reading ``1e-3``, ``1E5`` and ``2.0e3`` as floats.
+    """PyYAML's safe loader with YAML 1.2's numbers (the core schema's; ``1_000`` as before).
 
-    YAML 1.1 (PyYAML) wants a dot and a signed exponent (``1.0e-3``) and reads the rest as
-    strings; YAML 1.2 and Python read them all as numbers, and so does a config.
+    YAML 1.1 (PyYAML) reads ``064`` as octal 52 and ``1:30`` as base-60 90, and wants a dot
+    and a signed exponent in a float (``1.0e-3``: ``1e-3`` is a string). YAML 1.2 reads
+    ``064`` as 64, ``0o100`` as octal, ``0x40`` as hex, ``1:30`` as a string and ``1e-3``,
+    ``1E5``, ``2.0e3`` as floats, as Python does, and so does a config.
     """
 
 
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_DIGITS = r"[0-9]+(?:_[0-9]+)*"
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    _FLOAT,
+    re.compile(
+        rf"^(?:[-+]?(?:(?:{_DIGITS}\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?"
+        rf"|{_DIGITS}[eE][-+]?[0-9]+)|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
     list("-+0123456789."),
 )
+_Loader.add_implicit_resolver(
+    _INT, re.compile(rf"^(?:[-+]?{_DIGITS}|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+)
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """A YAML 1.2 integer: decimal (leading zeros too: ``064`` is 64), ``0o`` octal, ``0x`` hex."""
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    for prefix, base in (("0o", 8), ("0x", 16)):
+        if text.startswith(prefix):
+            return int(text[2:], base)
+    return int(text)
+
+
+_Loader.add_constructor(_INT, _construct_int)
 
 
 def read_yaml(text: str, source: str, prefix: str = "") -> Any:
@@ -372,10 +432,22 @@ def _at_least(low: float, inclusive: bool = True) -> Callable[[str, Any], None]:
     return partial(check_number, low=low, low_inclusive=inclusive)
 
 
+def check_columns(name: str, columns: list[str | int]) -> None:
+    """The user, item and rating columns name no column twice (a store of one column read
+    as user, item and rating would be nonsense); how many there are, ingest checks."""
+    repeated = next((c for c in columns if columns.count(c) > 1), None)
+    if repeated is not None:
+        raise ConfigError(
+            f"'{name}' names column {repeated!r} more than once ({columns!r}); give three "
+            "different columns, user, item and rating in that order, by name or 0-based position"
+        )
+
+
 # dotted key -> its check (a None value, where allowed, is not checked)
 _RANGES: dict[str, Callable[[str, Any], None]] = {
     "model.factors": check_positive_int,
     "model.iterations": _at_least(0),
+    "model.seed": _at_least(0),
     "model.regularization": _at_least(0, inclusive=False),
     "model.cg_steps": check_positive_int,
     "model.alpha": _at_least(0),
@@ -395,6 +467,7 @@ _RANGES: dict[str, Callable[[str, Any], None]] = {
     "data.generate.rank": check_positive_int,
     "data.generate.noise": _at_least(0),
     "data.ingest.format": partial(check_choice, allowed=FORMATS),
+    "data.ingest.columns": check_columns,
     "plan.memory_budget": partial(check_size, of="the worker's memory"),
     "plan.headroom": partial(check_size, of="the budget", free=True),
     "cluster.memory_limit": check_size,  # no share: the cluster reads it as bytes
@@ -403,16 +476,23 @@ _RANGES: dict[str, Callable[[str, Any], None]] = {
 
 
 def _check_ranges(config: Config, source: str) -> None:
-    """Values of the right type but outside their range: one error naming file, key and range.
+    """Values of the right type but outside their range, or at odds with another key: one
+    error naming file, key and range, at load, so plan and train refuse before any work.
 
     The checks are those of the Python API (:mod:`cumf_dask.checks`), named by dotted key.
     """
-    ing = config.data.ingest
+    ing, model = config.data.ingest, config.model
     try:
         check_scale(ing.rating_min, ing.rating_max,
                     ("data.ingest.rating_min", "data.ingest.rating_max"))  # fmt: skip
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    if model.kind == "explicit" and model.regularization_mode == "plain":
+        raise ConfigError(
+            f"{source}: 'model.regularization_mode' plain is for model.kind: implicit; the "
+            "explicit model uses cuMF's weighted lambda (set weighted or auto, or model.kind: "
+            "implicit)"
+        )
     for key, check in _RANGES.items():
         value: Any = config
         for part in key.split("."):
@@ -443,8 +523,9 @@ def _parse_override(item: str, source: str) -> dict[str, Any]:
     return node
 
 
-def _merge(base: Any, extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base) if isinstance(base, dict) else {}
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra`'s keys set (nested mappings merged key by key, the rest replaced)."""
+    out = dict(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value)

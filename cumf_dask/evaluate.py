@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 
 def ranking_metrics(
     model: ALS,
-    store: RatingsStore,
+    store: RatingsStore | str | os.PathLike,
     k: int = 10,
     threshold: float | None = None,
     max_users: int | None = 10_000,
@@ -24,6 +25,8 @@ def ranking_metrics(
 ) -> dict[str, float]:
     """precision@k, recall@k, ndcg@k over users with held-out ratings, and k and users.
 
+    `model`: an ALS or an ImplicitALS (whose own metrics, MAP and AUC too, are
+    :func:`cumf_dask.implicit.ranking_metrics_at_k`); `store`: the model's store or its path.
     Relevant items are a user's held-out items (rated >= `threshold` when given); training
     items are excluded from the recommendations. At most `max_users` users (a seeded sample).
     `k` must be an integer >= 1; above the number of items n it is clamped to n (the keys and
@@ -34,7 +37,9 @@ def ranking_metrics(
     check_number("k", k, 1, integer=True)
     if max_users is not None:
         check_number("max_users", max_users, 1, integer=True)
+    model._check_fitted()
     k = min(k, model.item_factors_.shape[0])
+    store = model._matching(os.fspath(store) if isinstance(store, os.PathLike) else store)
     if not store.has_test:
         raise StoreError(
             f"{store.url}: the store has no held-out ratings; ingest or generate it with a "
@@ -53,7 +58,10 @@ def ranking_metrics(
     rows, cols = rows[order], cols[order]
     starts = np.searchsorted(rows, users)
     ends = np.searchsorted(rows, users, side="right")
-    top, _ = model.recommend_indices(users, k=k, exclude_seen=True, store=store)
+    if getattr(model, "implicit", False):  # ImplicitALS names the option as implicit does
+        top, _ = model.recommend_indices(users, k, filter_already_liked_items=True, store=store)
+    else:
+        top, _ = model.recommend_indices(users, k=k, exclude_seen=True, store=store)
     discounts = 1.0 / np.log2(np.arange(2, k + 2))
     precision = recall = ndcg = 0.0
     for pos in range(users.size):

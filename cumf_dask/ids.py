@@ -6,6 +6,7 @@ data without ids of its own (a declared shape, a SciPy matrix) has the indices a
 
 from __future__ import annotations
 
+from numbers import Real
 from typing import Any
 
 import numpy as np
@@ -26,11 +27,13 @@ class IdMap:
         if ids.ndim > 1:
             raise ConfigError(f"{self.noun} ids must be a 1-d list or array, got shape {ids.shape}")
         if self.labels is None:
-            whole = ids.dtype.kind in "iu" or (
-                ids.dtype.kind == "f" and bool((ids == np.floor(ids)).all())
-            )
-            idx = ids.astype(np.int64) if whole else np.full(ids.shape, -1, np.int64)
-            bad = (idx < 0) | (idx >= self.size)
+            if ids.dtype.kind in "iu":
+                idx = ids.astype(np.int64)
+                bad = (idx < 0) | (idx >= self.size)
+            else:  # each id on its own: 2.5 or "a" is not an index, 2.0 and object 2 are
+                value = _numbers(ids)
+                bad = ~((value >= 0) & (value < self.size) & (value == np.floor(value)))
+                idx = np.where(bad, -1, value).astype(np.int64)
         else:
             if self._index is None:
                 import pandas as pd
@@ -57,9 +60,19 @@ class IdMap:
         missing = indices < 0
         out = self.labels[np.where(missing, 0, indices)]
         if missing.any():
-            out = out.astype(object) if out.dtype.kind in "OUS" else out.copy()
+            out = out.astype(object) if out.dtype.kind in "OUST" else out.copy()
             out[missing] = None if out.dtype == object else -1
         return out
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_index": None}
+
+
+def _numbers(ids: np.ndarray) -> np.ndarray:
+    """`ids` as float64, NaN for each id that is not a real number (text, a bool, None)."""
+    if ids.dtype.kind == "f":
+        return ids.astype(np.float64)
+    if ids.dtype.kind != "O":
+        return np.full(ids.shape, np.nan)
+    real = [isinstance(v, Real) and not isinstance(v, bool) for v in ids]
+    return np.array([float(v) if ok else np.nan for v, ok in zip(ids, real, strict=True)])

@@ -14,6 +14,7 @@ Data without ids (a declared shape, a SciPy matrix) has the indices as its ids.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -31,11 +32,12 @@ from .config import ClusterConfig, PlanConfig
 from .data.store import RatingsStore
 from .engine import tasks
 from .engine.cluster import backend_on, cluster_client
-from .engine.fit import ALSParams, fit
+from .engine.fit import ALSParams, fit, ratings_digest, same_ratings
 from .engine.plan import Plan
 from .engine.session import Session
 from .errors import ConfigError, CumfWarning, NotFittedError, StoreError
 from .ids import IdMap
+from .paths import is_url
 
 
 class ALS:
@@ -68,7 +70,7 @@ class ALS:
         Write X and Theta after every iteration (atomically); ``fit(resume=True)`` uses it.
     evaluate : bool
         Compute train (and, if the store has held-out ratings, test) RMSE every iteration.
-    callbacks : sequence of callables
+    callbacks : callable or sequence of callables
         Each is called with the iteration's metrics record (a dict) after every iteration.
     progress : callable, optional
         ``progress(stage, done, total)`` as the batches of each half-step finish
@@ -83,10 +85,15 @@ class ALS:
     item_ids_ : ndarray (n,) or None
         The data's own id of each row of item_factors_ (None: the ids are 0..n-1).
     store_url_ : str or None
-        The store the model was fitted on (None for one built from in-memory data).
+        The store the model was fitted on, a local path made absolute (None for one built
+        from in-memory data); ``store_ratings_`` its counts and statistics then, so that a
+        store rebuilt there since is noticed (a CumfWarning).
     metrics_ : list of dict
         Per iteration: iteration, seconds, x_seconds, theta_seconds, train_rmse, test_rmse.
     plan_ : Plan
+        The plan of the fit (a fitted model only: :meth:`load` does not restore it).
+    iterations_done_ : int
+        Iterations the fit ran, resumed ones included (a fitted model only).
     """
 
     def __init__(
@@ -117,6 +124,8 @@ class ALS:
         self.plan = plan
         self.checkpoint_dir = checkpoint_dir
         self.evaluate = evaluate
+        if callable(callbacks):  # one callable given alone
+            callbacks = [callbacks]
         self.callbacks = list(callbacks)
         self.progress = progress
 
@@ -172,6 +181,11 @@ class ALS:
             Continue from the last checkpoint in ``checkpoint_dir``.
         """
         self._check_params()
+        if client is not None and client.status != "running":
+            raise ConfigError(
+                f"fit(client=...): the client is {client.status}, not running; pass an open "
+                "client, or none to start a local cluster"
+            )
         store, tmp = self._as_store(data, client)
         try:
             self._check_store(store)
@@ -189,7 +203,7 @@ class ALS:
                 tmp.cleanup()
             raise
         self._tmp = tmp  # a store built from arrays lives as long as the model
-        self.store_url_ = None if tmp is not None else store.url
+        self.store_url_ = None if tmp is not None else _location(store.url)
         return self
 
     def _check_params(self) -> None:
@@ -198,6 +212,16 @@ class ALS:
         check_number("iterations", self.iterations, 0, integer=True)
         check_number("seed", self.seed, 0, integer=True)
         check_choice("precision", self.precision, PRECISIONS)
+        check_choice("backend", self.backend, ("auto", "numpy", "cupy"))
+        if self.plan is not None and not isinstance(self.plan, PlanConfig):
+            raise ConfigError(
+                f"plan must be a cumf_dask.config.PlanConfig or None, got "
+                f"{type(self.plan).__name__}: e.g. plan=PlanConfig(p=2)"
+            )
+        bad = [c for c in self.callbacks if not callable(c)]
+        if bad:
+            raise ConfigError(f"callbacks must be callables (each takes the iteration's "
+                              f"record); got {bad[0]!r}")  # fmt: skip
         self._params().spec()  # checks the solver and its options
 
     def _params(self) -> ALSParams:
@@ -246,7 +270,8 @@ class ALS:
         self._maps: dict[str, IdMap] = {}
         self.user_factors_, self.item_factors_ = result.factors
         self._store = store
-        self._matched = {store.url}  # the fit's own store: its ids are the model's
+        self.store_ratings_ = ratings_digest(store)
+        self._matched = {_identity(store)}  # the fit's own store: its ids are the model's
         self._session: Session | None = result.session
 
     # ------------------------------------------------------------------ factors
@@ -372,18 +397,15 @@ class ALS:
         ImplicitALS does): no real score is -inf, so the score tells an empty place from an
         item whose own id is -1 (:meth:`recommend`; as a dense index -1 is never an item).
         """
+        self._check_fitted()
         k = self._top_k(k, self.item_factors_.shape[0])
         check_number("batch", batch, 1, integer=True)
         users = self._as_indices(users, "user")
         self._check_indices(users, np.zeros(0, np.int64))
         if exclude_seen:
             store = store if store is not None else getattr(self, "_store", None)
-            store = store if store is not None else getattr(self, "store_url_", None)
             if store is None:
-                raise ConfigError(
-                    "recommend(exclude_seen=True) needs the rating store: pass store=, or "
-                    "exclude_seen=False"
-                )
+                store = self._training_store()
             store = self._matching(store)
         else:
             store = None
@@ -399,6 +421,23 @@ class ALS:
         if not results:
             return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
         return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
+
+    def _training_store(self) -> RatingsStore:
+        """The store the model records it was trained on (for the items each user has
+        seen), opened, or an error saying how to do without it."""
+        url = getattr(self, "store_url_", None)
+        if url is None:
+            raise ConfigError(
+                "recommend(exclude_seen=True) needs the rating store: pass store=, or "
+                "exclude_seen=False"
+            )
+        try:
+            return RatingsStore.open(url)
+        except StoreError as exc:
+            raise StoreError(
+                f"the model's training store cannot be opened ({exc}); pass store= (the store "
+                "it was trained on), or exclude_seen=False"
+            ) from None
 
     @staticmethod
     def _top_k(k: Any, n: int, noun: str = "items", per: str = "user") -> int:
@@ -433,7 +472,7 @@ class ALS:
         (ids numbered otherwise) would give wrong answers without this check."""
         store = RatingsStore.open(store) if isinstance(store, str) else store
         matched = self.__dict__.setdefault("_matched", set())
-        if store.url in matched:
+        if _identity(store) in matched:  # a store rebuilt at the same path is checked again
             return store
         if (store.m, store.n) != self.shape_:
             raise StoreError(
@@ -450,8 +489,26 @@ class ALS:
                     f"{there!r} at row {row} there, {here!r} in the model): use the store the "
                     "model was trained on"
                 )
-        matched.add(store.url)
+        self._warn_if_rebuilt(store)
+        matched.add(_identity(store))
         return store
+
+    def _warn_if_rebuilt(self, store: RatingsStore) -> None:
+        """A CumfWarning when `store` sits where the model's training store was but holds
+        other ratings (rebuilt or replaced since): its scores and seen items are then not
+        those of the training data."""
+        then = getattr(self, "store_ratings_", None)
+        if then is None or _location(store.url) != getattr(self, "store_url_", None):
+            return
+        now = ratings_digest(store)
+        if not same_ratings(then, now):
+            warnings.warn(
+                f"{store.url} holds other ratings than when the model was trained on it "
+                f"(then {then}, now {now}): it was rebuilt or replaced, so RMSE and seen items "
+                "come from what it holds now",
+                CumfWarning,
+                stacklevel=4,
+            )
 
     def _check_indices(self, users: np.ndarray, items: np.ndarray) -> None:
         self._check_fitted()
@@ -463,7 +520,9 @@ class ALS:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
-        """Write the model (factors, parameters, metrics, id maps) as a Zarr group."""
+        """Write the model (factors, parameters, metrics, id maps, which store it was
+        trained on) as a Zarr group. A model already saved at `path` (of either kind) is
+        replaced, atomically; a folder that is not a saved model is refused."""
         if not self._fitted:
             raise NotFittedError("nothing to save: the model is not fitted")
         arrays: dict[str, Any] = {
@@ -480,6 +539,8 @@ class ALS:
             "format": MODEL_FORMAT,
             "version": MODEL_VERSION,
             "store": self.store_url_,
+            "store_ratings": getattr(self, "store_ratings_", None),
+            "precision": self.precision,
         }
         write_factors(path, arrays, attrs)
 
@@ -493,6 +554,7 @@ class ALS:
             "seed": int(attrs["seed"]),
             "solver": str(attrs.get("solver", "cholesky")),
             "cg_steps": int(attrs.get("cg_steps", 3)),
+            "precision": str(attrs.get("precision", "float32")),
         }
 
     @classmethod
@@ -518,8 +580,20 @@ class ALS:
         model.user_ids_ = arrays.get("user_ids")
         model.item_ids_ = arrays.get("item_ids")
         model.store_url_ = attrs.get("store")
+        model.store_ratings_ = attrs.get("store_ratings")
         model._maps = {}
         return model
+
+
+def _location(url: str) -> str:
+    """A store's URL, a local path made absolute: a saved model finds its store from any
+    working directory."""
+    return url if is_url(url) else os.path.abspath(url)
+
+
+def _identity(store: RatingsStore) -> tuple[str, Any]:
+    """Where a store is and which build of it: a store rebuilt at the same path differs."""
+    return _location(store.url), store.attrs.get("build")
 
 
 def _first_difference(
@@ -530,11 +604,11 @@ def _first_difference(
     numbers, text with text)."""
     ours = np.arange(size) if ours is None else np.asarray(ours)
     theirs = np.arange(size) if theirs is None else np.asarray(theirs)
-    text = [a.dtype.kind in "OUS" for a in (ours, theirs)]
+    text = [a.dtype.kind in "OUST" for a in (ours, theirs)]
     if text[0] != text[1]:
         differ = np.zeros(1, np.int64)
     else:
-        same = ours.astype(str) == theirs.astype(str) if text[0] else ours == theirs
+        same = ours.astype(object) == theirs.astype(object) if text[0] else ours == theirs
         differ = np.flatnonzero(~same)
     if not differ.size:
         return None

@@ -29,8 +29,8 @@ class Output:
         self.console.print(text, highlight=False, markup=False)
 
     def result(self, data: dict[str, Any], human: Callable[[], None]) -> None:
-        if self.as_json:
-            print(json.dumps(data, default=str))
+        if self.as_json:  # strict JSON: a NaN or Infinity here is a bug, not output
+            print(json.dumps(data, default=str, allow_nan=False))
         elif not self.quiet:
             human()
 

@@ -15,9 +15,16 @@ from .errors import StoreError
 
 
 def normalize_url(url: str | PathLike[str]) -> str:
-    """A location as a string: no trailing slash; ``file://`` URLs become plain local paths."""
+    """A location as a string: no trailing slash; ``file://`` URLs become plain local paths,
+    and a local path's leading ``~`` the home folder."""
     text = str(url).rstrip("/") or "/"
-    return text[len("file://") :] if text.startswith("file://") else text
+    return expand_home(text[len("file://") :] if text.startswith("file://") else text)
+
+
+def expand_home(path: str) -> str:
+    """A local path with a leading ``~`` (or ``~user``) expanded, as a shell would; a URL as
+    it is."""
+    return os.path.expanduser(path) if path.startswith("~") else path
 
 
 def is_url(url: str | PathLike[str]) -> bool:

@@ -90,9 +90,23 @@ def ingest_from_config(
 
 
 def _check_reuse(config: Config, store: RatingsStore) -> None:
-    """Refuse to silently reuse a store that was built from other settings than the config's."""
+    """Refuse to silently reuse a store that was built from other settings than the config's.
+
+    A store of another kind (ingested ratings where the config generates, generated ones
+    where it ingests) holds data that no rebuild may delete: the fixes offered keep it.
+    """
     data = config.data
-    if data.source != "generate":
+    kind = store.source.get("kind")
+    generated = kind == "synthetic"
+    if generated != (data.source == "generate"):
+        built = "generated (synthetic)" if generated else _built_from(store.source)
+        wanted = "generate data" if data.source == "generate" else f"ingest {data.ingest.path}"
+        raise StoreError(
+            f"{data.store} exists and holds ratings {built}, but the config has data.source: "
+            f"{data.source}; to train on that store as it is: cumf-dask train --store "
+            f"{data.store}; to {wanted}, point data.store at another path"
+        )
+    if not generated:
         return  # an ingested store is reused as it is (the log line says how to rebuild)
     from .data.planted import PlantedModel
 
@@ -101,10 +115,16 @@ def _check_reuse(config: Config, store: RatingsStore) -> None:
     got = {key: store.source.get(key) for key in want}
     if got != want:
         raise StoreError(
-            f"{data.store} exists but was built with {got}, the config asks for {want}; set "
-            "data.overwrite: true to rebuild it, or point data.store elsewhere (to train on "
-            f"that store as it is: cumf-dask train --store {data.store})"
+            f"{data.store} exists but was generated with {got}, the config asks for {want}; "
+            "set data.overwrite: true to rebuild it, or point data.store elsewhere (to train "
+            f"on that store as it is: cumf-dask train --store {data.store})"
         )
+
+
+def _built_from(source: dict[str, Any]) -> str:
+    """'ingested from plays.csv', 'ingested from arrays': where a store's ratings came from."""
+    origin = source.get("path") or source.get("kind") or "an unknown source"
+    return f"ingested from {origin}"
 
 
 def check_inputs(config: Config) -> None:
@@ -150,14 +170,21 @@ class JobPlan:
 
 
 def job_plan(
-    config: Config, client: Any = None, progress: Progress | None = None, log: Log = print
+    config: Config,
+    client: Any = None,
+    progress: Progress | None = None,
+    log: Log = print,
+    *,
+    rebuild: bool = True,
 ) -> JobPlan:
     """The plan of this config on this client's workers, or with no client on the local
     cluster the config would start (read from this machine, no cluster started).
 
     With an existing store the plan uses its exact counts; a file to ingest is ingested
-    first. A store still to be generated is planned from the generator's shape with even
-    splits, so planning a billion-rating config does not first build it.
+    first (its counts are only known then). A store still to be generated is planned from
+    the generator's shape with even splits, so planning a billion-rating config does not
+    first build it. `rebuild` False (``cumf-dask plan``): a complete store of an ingest
+    config is planned on as it is, even with data.overwrite (only train rebuilds it).
     """
     f = config.model.factors
     data = config.data
@@ -165,6 +192,8 @@ def job_plan(
     if data.source == "store":
         store = RatingsStore.open(data.store)
     elif data.source == "ingest":  # ingest needs no cluster; a complete store is reused
+        if not rebuild:  # the store as it is, or ingested if there is none yet
+            config = replace(config, data=replace(data, overwrite=False))
         store = prepare_store(config, None, progress, log)
     elif not data.overwrite:
         try:
@@ -352,7 +381,12 @@ def _train(
     )  # fmt: skip
     if progress:
         progress("train", 0, iterations)
-    model.fit(store, client=client, resume=resume)
+    try:
+        model.fit(store, client=client, resume=resume)
+    except BaseException:
+        if not resume:  # a folder no iteration finished in is not left for --resume to find
+            run.discard_if_empty()
+        raise
     if resume:
         run.write_config(config)
     run.write_plan(model.plan_)

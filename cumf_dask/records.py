@@ -8,6 +8,7 @@ too.
 
 from __future__ import annotations
 
+import glob
 import itertools
 import json
 import os
@@ -62,7 +63,7 @@ class RunFolder:
         found = sorted(
             (
                 p
-                for p in root.glob(f"{config.output.name}-*")
+                for p in root.glob(f"{glob.escape(config.output.name)}-*")
                 if mine.fullmatch(p.name) and (p / "checkpoints").is_dir()
             ),
             key=lambda p: p.stat().st_mtime,
@@ -77,12 +78,20 @@ class RunFolder:
     def model(self) -> Path:
         return self.path / "model.zarr"
 
+    def discard_if_empty(self) -> None:
+        """Remove this run folder if no iteration finished in it (no metrics, no checkpoint):
+        a fit that failed before its first iteration leaves nothing worth keeping (its
+        config.yaml is the config given), and an empty folder only hides the runs that did."""
+        if not (self.path / "metrics.jsonl").exists() and not any(self.checkpoints.glob("*")):
+            shutil.rmtree(self.path, ignore_errors=True)
+
     def write_config(self, config: Config) -> None:
         (self.path / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
 
     def write_plan(self, plan: Plan) -> None:
         (self.path / "plan.txt").write_text(plan.table() + "\n")
-        (self.path / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
+        text = json.dumps(plan.to_dict(), indent=1, allow_nan=False)  # strict JSON
+        (self.path / "plan.json").write_text(text)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """Add an iteration's line; lines of that iteration or later (left by a run that
@@ -149,6 +158,12 @@ def model_path(path: str | Path) -> str:
             raise StoreError(
                 f"{path} is a run folder without a saved model (the run failed, or is still "
                 "running): give another run, or train again"
+            )
+        if (folder / "LATEST").is_file():
+            raise StoreError(
+                f"{path} is a run's checkpoints folder, not a model: give the run folder "
+                f"({folder.parent}) once its model is saved; a run that stopped before saving "
+                "it goes on from its checkpoints with `cumf-dask train CONFIG --resume`"
             )
     return str(path)
 

@@ -115,8 +115,10 @@ def inproc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_failed_train_leaves_latest_on_the_last_model(flow, work):
-    """A run that fails (here: a damaged store) keeps its folder but not the -latest link."""
+    """A run that fails (here: a damaged store) does not take the -latest link; failing
+    before its first iteration, it leaves no run folder either (--resume would find none)."""
     before = (work / "runs" / "tiny-latest").resolve()
+    folders = sorted((work / "runs").iterdir())
     bad = work / "bad.zarr"
     shutil.copytree(work / "data" / "ratings.zarr", bad)
     next((bad / "by_row").rglob("val/c/*")).unlink()
@@ -124,6 +126,7 @@ def test_a_failed_train_leaves_latest_on_the_last_model(flow, work):
         "--quiet", code=3)  # fmt: skip
     assert (work / "runs" / "tiny-latest").resolve() == before
     assert (before / "model.zarr").is_dir()
+    assert sorted((work / "runs").iterdir()) == folders
 
 
 def test_a_folder_of_runs_or_a_failed_run_is_named_as_such(tmp_path):
@@ -467,3 +470,133 @@ def test_a_long_job_is_announced_with_a_smaller_scale(tmp_path, monkeypatch):
     note = forecast_note(config, planned.plan, fc)
     assert note.startswith("forecast: ") and "on 2 CPU workers" in note
     assert re.search(r"a CPU-size version: --set data\.generate\.scale=0\.\d+ \(forecast", note)
+
+
+# ----------------------------------------------------------------------------- review fixes
+
+
+def strict_json(text: str) -> dict:
+    """`text` as strict JSON: NaN and Infinity are not JSON."""
+
+    def refuse(constant: str):
+        raise AssertionError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_plans_are_strict_json(flow):
+    """Workers in this process (plan's): the link is unbounded, written as null."""
+    assert strict_json(flow["plan"].stdout)["link"] is None
+    assert strict_json((flow["run"] / "plan.json").read_text())["workers"] == 1
+
+
+def test_plan_never_rebuilds_a_store(flow, work, run_cli):
+    """data.overwrite rebuilds an ingested store in train, never in plan."""
+    meta = work / "data" / "ratings.zarr" / "zarr.json"
+    build = json.loads(meta.read_text())["attributes"]["build"]
+    plan = json.loads(run_cli("plan", "tiny.yaml", "--set", "data.overwrite=true", "--json")[0])
+    assert json.loads(meta.read_text())["attributes"]["build"] == build and not plan["estimated"]
+    assert "an existing store is never rebuilt" in " ".join(run_cli("plan", "--help")[0].split())
+
+
+def test_a_store_of_another_kind_is_never_offered_for_overwrite(flow, run_cli):
+    """A generate config on an ingested store: say what the store holds, keep it."""
+    _, err = run_cli("plan", "tiny.yaml", "--set", "data.source=generate", "--set",
+                     "data.generate={m: 80, n: 30, nnz: 1000}", code=3)  # fmt: skip
+    err = " ".join(err.split())
+    assert "data/ratings.zarr exists and holds ratings ingested from ratings.csv" in err
+    assert "cumf-dask train --store data/ratings.zarr" in err and "overwrite" not in err
+
+
+def test_evaluate_options_are_usage_errors(flow, run_cli):
+    _, err = run_cli("evaluate", "runs/tiny-latest", "--users", "0", code=2)
+    assert "--users must be at least 1, got 0" in err
+    _, err = run_cli("evaluate", "runs/tiny-latest", "--threshold", "100", code=2)
+    assert "--threshold 100: no held-out rating is that high (the highest is 5)" in err
+
+
+def test_evaluate_an_implicit_model(flow, work, run_cli, clients):
+    """ranking_metrics_at_k takes no threshold and no sample of users: refused, not ignored;
+    a store without held-out interactions names the CLI's fix."""
+    from cumf_dask.implicit.model import ImplicitALS
+
+    model = ImplicitALS(2, 0.1, 1.0, 1, backend="numpy")
+    model.fit(str(work / "data" / "ratings.zarr"), client=clients(1)).save(work / "imp.zarr")
+    result = json.loads(run_cli("evaluate", "imp.zarr", "-k", "3", "--json")[0])
+    assert {"precision@3", "ndcg@3", "auc@3"} <= set(result)
+    for option, value in (("--threshold", "3"), ("--users", "5")):
+        _, err = run_cli("evaluate", "imp.zarr", option, value, code=2)
+        assert f"{option} is for explicit models" in err
+    run_cli("ingest", "ratings.csv", "-o", "data/whole.zarr", "--test-fraction", "0")
+    _, err = run_cli("evaluate", "imp.zarr", "data/whole.zarr", code=2)
+    assert "no held-out interactions" in err and "data.test_fraction > 0" in err
+
+
+def test_a_folder_that_is_not_a_model_is_named_as_such(flow, work, run_cli):
+    (work / "notes").mkdir(exist_ok=True)
+    (work / "notes" / "todo.txt").write_text("mine")
+    _, err = run_cli("evaluate", "notes", code=3)
+    assert "notes: not a cumf-dask model" in err and "damaged" not in err
+    _, err = run_cli("evaluate", "data/ratings.zarr", code=3)
+    assert "not a cumf-dask model (a rating store)" in err
+    checkpoints = flow["run"] / "checkpoints"
+    step = next(checkpoints.glob("iter-*"))
+    _, err = run_cli("evaluate", str(step), code=3)
+    assert "a training checkpoint (iteration" in err and f"({flow['run']})" in err
+    _, err = run_cli("recommend", str(checkpoints), "--user", "user-7", code=3)
+    assert "is a run's checkpoints folder, not a model" in err and "--resume" in err
+
+
+def test_user_ids_on_the_command_line_are_plain_digits():
+    from types import SimpleNamespace
+
+    from cumf_dask.commands import _user_id
+
+    indices = SimpleNamespace(user_ids_=None)
+    assert _user_id("10", indices) == 10 and _user_id("-1", indices) == -1
+    for text in ("1_0", " 10", "\u0661"):
+        with pytest.raises(ConfigError, match="is not in the model's user ids"):
+            _user_id(text, indices)
+
+
+def test_ingest_refuses_repeated_columns(work, run_cli):
+    _, err = run_cli("ingest", "ratings.csv", "--columns", "2,2,2", "-o", "data/rep.zarr", code=2)
+    assert "'--columns' names column 2 more than once" in err
+    assert not (work / "data" / "rep.zarr").exists()
+
+
+def test_bad_model_settings_stop_train_before_anything(work, run_cli, no_cluster):
+    for setting, message in (("model.seed=-1", "'model.seed' must be >= 0"),
+                             ("model.regularization_mode=plain", "is for model.kind: implicit")):
+        for command in ("plan", "train"):
+            _, err = run_cli(command, "tiny.yaml", "--set", setting, "--set",
+                             "output.dir=refused-runs", code=2)  # fmt: skip
+            assert message in err
+    assert not (work / "refused-runs").exists()
+
+
+def test_resume_finds_a_run_named_with_glob_characters(tmp_path):
+    from cumf_dask.config import load_config
+    from cumf_dask.records import RunFolder
+
+    config = load_config(overrides=[f"output.dir={tmp_path}", "output.name=exp[1]"])
+    run = tmp_path / "exp[1]-20261124-000000"
+    (run / "checkpoints").mkdir(parents=True)
+    assert RunFolder.latest(config).path == run
+
+
+def test_a_fit_failing_before_its_first_iteration_leaves_no_run_folder(
+    flow, work, tmp_path, monkeypatch, clients
+):
+    from cumf_dask.config import load_config
+    from cumf_dask.pipeline import train
+
+    def fails(self, *args, **kwargs):
+        raise StoreError("the store broke at once")
+
+    monkeypatch.setattr("cumf_dask.pipeline.ALS.fit", fails)
+    config = load_config(overrides=[f"data.store={work / 'data' / 'ratings.zarr'}",
+                                    f"output.dir={tmp_path}", "model.iterations=1"])  # fmt: skip
+    with pytest.raises(StoreError, match="broke at once"):
+        train(config, client=clients(1), log=lambda _: None)
+    assert list(tmp_path.iterdir()) == []

@@ -1,6 +1,7 @@
 """ImplicitALS as users of implicit use it: recommend (liked items filtered, candidate subsets),
 similar items and users, folding in new users, save/load and pickling, batches on the
-workers; the ranking metrics and the split by user; the CLI with count data."""
+workers; own ids in and out (both estimators' id maps); the ranking metrics (of either
+estimator) and the split by user; the CLI with count data."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,8 @@ from reference import implicit_half_step
 from cumf_dask.cli import main
 from cumf_dask.data.spill import build_store
 from cumf_dask.errors import ConfigError, CumfWarning, StoreError
+from cumf_dask.evaluate import ranking_metrics
+from cumf_dask.ids import IdMap
 from cumf_dask.implicit import ImplicitALS, ranking_metrics_at_k, train_test_split
 from cumf_dask.implicit.metrics import _metrics
 from cumf_dask.model import ALS
@@ -160,6 +164,12 @@ def test_save_load_and_names(fitted, tmp_path):
     explicit.save(tmp_path / "e.zarr")
     with pytest.raises(StoreError, match="explicit model"):
         ImplicitALS.load(tmp_path / "e.zarr")
+    model.save(tmp_path / "e.zarr")  # a saved model of either kind is replaced (save's doc)
+    assert isinstance(ImplicitALS.load(tmp_path / "e.zarr"), ImplicitALS)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match="not a cumf-dask model"):
+        model.save(tmp_path / "other")
 
 
 def test_fit_takes_a_scipy_matrix_and_refuses_negative_counts(client2):
@@ -168,12 +178,42 @@ def test_fit_takes_a_scipy_matrix_and_refuses_negative_counts(client2):
     model = ImplicitALS(3, 0.1, 1.0, 2, backend="numpy")
     model.fit(scipy.coo_matrix((np.round(vals), (rows, cols)), shape=(30, 20)), client=client2)
     assert model.user_factors_.shape == (30, 3) and np.isfinite(model.user_factors_).all()
-    with pytest.raises(ConfigError, match="counts >= 0"):
+    with pytest.raises(ConfigError, match=r"^the data given to fit: .* counts >= 0") as err:
         ImplicitALS(3, backend="numpy").fit((rows, cols, vals - 3, (30, 20)))
+    assert "cumf-fit" not in str(err.value)  # not the temporary store built from the arrays
     with pytest.raises(ConfigError, match="alpha"):
         ImplicitALS(3, alpha=-1, backend="numpy").fit((rows, cols, vals, (30, 20)))
     with pytest.raises(ConfigError, match="user id 30 is not in the model's user ids"):
         model.recommend([30])
+
+
+# ----------------------------------------------------------------------------- own ids
+
+
+def test_empty_places_are_none_with_text_ids(client2):
+    """Ingest keeps text ids as NumPy's StringDType: an empty place is None, not "-1"."""
+    users = np.array(["a"] * 5 + ["b"] * 2)
+    items, counts = np.array(["x", "y", "z", "w", "v", "x", "y"]), np.arange(1, 8.0)
+    implicit = ImplicitALS(2, iterations=2, backend="numpy").fit((users, items, counts),
+                                                                 client=client2)  # fmt: skip
+    explicit = ALS(2, iterations=2, backend="numpy").fit((users, items, counts), client=client2)
+    for top in (implicit.recommend(["a", "b"], k=4)[0], explicit.recommend(["a", "b"], k=4)[0],
+                implicit.recommend(["b"], k=3, items=["x", "z", "v"])[0]):  # fmt: skip
+        assert top[0].tolist()[-1] is None and "-1" not in top.tolist()
+    assert implicit.recommend(["b"], k=4)[0].tolist() == [["v", "w", "z", None]]
+
+
+def test_an_unknown_id_error_names_the_id_that_is_not_there():
+    """Ids that are the indices (a shape, a SciPy matrix): whole numbers of any type are
+    indices, each id is checked on its own, and the error names one that is not there."""
+    users = IdMap("user", None, 50)
+    assert users.indices(np.array([1, 2], object)).tolist() == [1, 2]
+    assert users.indices([4.0, np.int64(3)]).tolist() == [4, 3]
+    cases = [([1, 2.5], "2.5"), ([3, 50], "50"), (np.array([1, "a"], object), "'a'"),
+             (np.array([0, True], object), "True"), (np.array([2, None], object), "None")]
+    for ids, bad in cases:
+        with pytest.raises(ConfigError, match=f"^user id {bad} is not in"):
+            users.indices(ids)
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -252,12 +292,42 @@ def test_ranking_metrics_take_the_data_own_ids(client2):
         ranking_metrics_at_k(model, (sr, sc), 5, train=(users, items))
 
 
+def test_repeated_pairs_count_once(fitted):
+    """Repeated lines of a log (the same held-out or training pair twice) change nothing."""
+    model, store = fitted
+    train_r, train_c, _ = store.read_coo("row")
+    test_r, test_c, _ = store.read_coo("row", split="test")
+    once = ranking_metrics_at_k(model, (test_r, test_c), 5, train=(train_r, train_c))
+    twice = ranking_metrics_at_k(model, (np.repeat(test_r, 2), np.repeat(test_c, 2)), 5,
+                                 train=(np.repeat(train_r, 2), np.repeat(train_c, 2)))  # fmt: skip
+    assert twice == pytest.approx(once, rel=1e-12)
+
+
+def test_ranking_metrics_of_either_estimator(fitted):
+    """evaluate.ranking_metrics ranks both estimators (the implicit one's precision, recall and
+    NDCG are ranking_metrics_at_k's); ranking_metrics_at_k refuses the explicit one, naming
+    the function to use; both take a store's path."""
+    model, store = fitted
+    path = Path(store.url)
+    at_k = ranking_metrics_at_k(model, store.url, 5)
+    assert at_k == ranking_metrics_at_k(model, store, 5) == ranking_metrics_at_k(model, path, 5)
+    got = ranking_metrics(model, store.url, k=5, max_users=None)
+    for key in ("precision@5", "recall@5", "ndcg@5", "users"):
+        assert got[key] == pytest.approx(at_k[key], rel=1e-9), key
+    explicit = ALS(3, 0.1, 1, backend="numpy").fit(store, client=model._session.client)
+    assert ranking_metrics(explicit, store.url, k=5) == ranking_metrics(explicit, store, k=5)
+    with pytest.raises(ConfigError, match=r"got ALS: .* use cumf_dask\.evaluate\.ranking_metrics"):
+        ranking_metrics_at_k(explicit, store, 5)
+
+
 def test_metrics_of_a_perfect_ranking():
     top = np.array([[3, 1, -1], [2, 0, 4]])
     pos, cols = np.array([0, 0, 1]), np.array([1, 3, 2])
     got = _metrics(top, pos, cols, n_items=5, n_train=np.array([0, 0]), k=3)
     assert got["capped_recall@3"] == 1 and got["ndcg@3"] == 1 and got["map@3"] == 1
     assert got["recall@3"] == 1 and got["precision@3"] == pytest.approx((2 / 3 + 1 / 3) / 2)
+    twice = _metrics(top, np.repeat(pos, 2), np.repeat(cols, 2), 5, np.array([0, 0]), 3)
+    assert twice == got  # a repeated held-out pair is one positive
 
 
 def test_split_by_user_keeps_every_user_in_training(tmp_path):
@@ -281,6 +351,24 @@ def test_split_by_user_keeps_every_user_in_training(tmp_path):
     assert set(zip(held_r.tolist(), held_c.tolist(), strict=True)) == test  # the same pairs
     assert store.nnz == len(train) and store.nnz_test == len(test)
 
+
+def test_split_keeps_ids_of_any_kind():
+    """Text and fractional ids split by user as integers do, and come back as given."""
+    users = np.repeat(np.array(["ann", "bob", "cy"], object), 4)
+    items = np.tile(np.array([0.5, 1.5, 2.5, 3.5]), 3)
+    (tr, tc, tv), (sr, sc, sv) = train_test_split(users, items, np.arange(12), 0.5, seed=3)
+    assert tr.dtype == sr.dtype == object and tc.dtype == np.float64
+    assert sorted(sr.tolist()) == ["ann", "ann", "bob", "bob", "cy", "cy"]
+    for u, i, v in zip([*tr, *sr], [*tc, *sc], [*tv, *sv], strict=True):
+        assert (users[v], items[v]) == (u, i)  # each pair with its value, ids as given
+    order = np.arange(12)[::-1]  # the input order and the ids' array type do not matter
+    again = train_test_split(users[order].astype(str), items[order], order, 0.5, seed=3)[1]
+    assert sorted(again[2].tolist()) == sorted(sv.tolist())
+    whole = train_test_split([0.0, 0.0, 1.0, 1.0], [0, 1, 0, 1], np.arange(4), 0.5)[1]
+    ints = train_test_split([0, 0, 1, 1], [0, 1, 0, 1], np.arange(4), 0.5)[1]
+    assert whole[2].tolist() == ints[2].tolist()  # whole-number floats split as integers
+    with pytest.raises(ConfigError, match="one length"):
+        train_test_split([1, 2], [1], [1, 1])
 
 # ----------------------------------------------------------------------------- CLI
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import shutil
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from conftest import random_ratings
 from cumf_dask.data.ingest import ingest_arrays
 from cumf_dask.data.inputs import ingest_input
 from cumf_dask.data.spill import build_store
-from cumf_dask.errors import ConfigError, CumfWarning, NotFittedError, StoreError
+from cumf_dask.errors import ConfigError, CumfWarning, IngestError, NotFittedError, StoreError
 from cumf_dask.model import ALS
 
 M, N = 70, 40
@@ -177,7 +178,7 @@ def test_bad_input(store, client, tmp_path):
         model.predict_indices([M], [0])
     with pytest.raises(ConfigError, match=r"user id 70 is not in the model's user ids"):
         model.predict([M], [0])
-    with pytest.raises(StoreError, match="not a complete"):
+    with pytest.raises(StoreError, match="not a cumf-dask model"):
         ALS.load(store.url)
     for users, items in (([[0, 1]], [0]), ([0.7], [1]), ([0, 1], [2])):
         with pytest.raises(ConfigError, match=r"indices must be|pairs"):
@@ -205,6 +206,54 @@ def test_stores_that_number_their_ids_otherwise_are_refused(client, tmp_path):
         model.recommend([100], k=2, store=other)
     same = ingest_input((rows + 100, cols, vals), str(tmp_path / "s.zarr"), test_fraction=0.0)
     assert model.rmse(same, kind="train") == pytest.approx(model.rmse((rows + 100, cols, vals)))
+
+
+def test_a_store_rebuilt_where_the_model_was_trained_is_noticed(client, tmp_path, monkeypatch):
+    """The model records its store's absolute path and ratings: from another folder it finds
+    it, a rebuild there with ids numbered otherwise is refused (not the cached 'matched'),
+    and one with other ratings is a warning, not silently other numbers."""
+    rows, cols, vals = random_ratings(30, 20, 0.3, seed=9)
+    monkeypatch.chdir(tmp_path)
+    ingest_arrays("r.zarr", rows + 100, cols, vals, test_fraction=0.2)
+    model = ALS(3, 0.1, 1, backend="numpy", precision="bfloat16").fit("r.zarr", client=client)
+    assert model.store_url_ == str(tmp_path / "r.zarr")
+    model.save("m.zarr")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    loaded = ALS.load("../m.zarr")
+    assert loaded.precision == "bfloat16"
+    assert loaded.rmse(loaded.store_url_) == pytest.approx(model.rmse("../r.zarr"))
+    top, _ = loaded.recommend([100], k=3)
+    assert top.shape == (1, 3)
+    order = np.argsort(-rows, kind="stable")
+    ingest_arrays("../r.zarr", rows[order] + 100, cols[order], vals[order], test_fraction=0.2,
+                  overwrite=True)  # fmt: skip
+    for fitted in (model, loaded):
+        with pytest.raises(StoreError, match="numbers its users otherwise"):
+            fitted.rmse("../r.zarr")
+    ingest_arrays("../r.zarr", rows + 100, cols, vals + 1, test_fraction=0.2, overwrite=True)
+    with pytest.warns(CumfWarning, match="holds other ratings than when the model was trained"):
+        model.rmse("../r.zarr")
+    shutil.rmtree(tmp_path / "r.zarr")
+    with pytest.raises(StoreError, match=r"training store cannot be opened .* exclude_seen=False"):
+        loaded.recommend([100], k=3)
+
+
+def test_api_misuse_is_one_clear_error(store, client):
+    with pytest.raises(NotFittedError, match="not fitted"):
+        ALS().recommend_indices([1])
+    with pytest.raises(ConfigError, match="'backend' must be one of"):
+        ALS(backend="gpu").fit(store)
+    with pytest.raises(ConfigError, match=r"plan must be a cumf_dask\.config\.PlanConfig"):
+        ALS(plan={"p": 2}).fit(store)
+    with pytest.raises(ConfigError, match="callbacks must be callables"):
+        ALS(callbacks=[1]).fit(store)
+    assert ALS(callbacks=print).callbacks == [print]
+    closed = type("Closed", (), {"status": "closed"})()
+    with pytest.raises(ConfigError, match="the client is closed"):
+        ALS().fit(store, client=closed)
+    with pytest.raises(IngestError, match=r"ingest_arrays\(\.\.\., duplicates=\)"):
+        ALS(backend="numpy").fit((np.array([1, 1]), np.array([2, 2]), np.array([3.0, 4.0])))
 
 
 def test_numpy_cholesky_gives_nan_rows_for_systems_not_positive_definite():

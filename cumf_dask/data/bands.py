@@ -223,7 +223,7 @@ def finish_store(
         raise StoreError(f"{url}: by_col holds {col_total} ratings, by_row {nnz}: build failed")
     for axis, ids in (("rows", row_ids), ("cols", col_ids)):
         if ids is not None:
-            dtype = str if ids.dtype.kind in "OUS" else ids.dtype
+            dtype = str if ids.dtype.kind in "OUST" else ids.dtype
             arr = group.create_array(
                 f"ids/{axis}", shape=ids.shape, chunks=(max(1, min(CHUNK, ids.size)),),
                 dtype=dtype, overwrite=True, **({} if dtype is str else codecs()),

@@ -54,7 +54,8 @@ def resolve_duplicates(
         )
         raise IngestError(
             f"duplicate rating for {text}; choose a duplicates policy: 'last', 'mean' or "
-            "'sum' (--duplicates / ingest.duplicates)"
+            "'sum' (cumf-dask ingest --duplicates, ingest.duplicates in a config, or "
+            "ingest_arrays(..., duplicates=) in Python, then fit on that store)"
         )
     start = np.concatenate(([True], ~same))
     first = np.flatnonzero(start)

@@ -14,6 +14,7 @@ with a warning that says what and how much. Remote targets are not locked.
 
 from __future__ import annotations
 
+import glob
 import json
 import shutil
 import uuid
@@ -51,8 +52,9 @@ def clear_leftovers(url: str) -> None:
     """Remove the work folders and set-aside stores killed builds of `url` left (the caller
     holds the lock, so no live build owns them), saying what was removed."""
     target = Path(url)
-    old = (p for p in target.parent.glob(f".old-{target.name}-*") if _local_format(p) == FORMAT)
-    found = [*target.parent.glob(f".partial-{target.name}-*"), *old]
+    name = glob.escape(target.name)
+    old = (p for p in target.parent.glob(f".old-{name}-*") if _local_format(p) == FORMAT)
+    found = [*target.parent.glob(f".partial-{name}-*"), *old]
     removed = []
     for path in found:
         if path.is_dir():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -123,6 +124,7 @@ def make_client(config: ClusterConfig | None = None, nnz: int | None = None) -> 
     """
     config = config or ClusterConfig()
     if config.address:
+        _check_address(config.address)
         try:
             client = Client(config.address, timeout="20s")
         except OSError as exc:
@@ -149,6 +151,25 @@ def make_client(config: ClusterConfig | None = None, nnz: int | None = None) -> 
         client = Client(cluster)
     client.register_plugin(CumfWorkerSetup())
     return client
+
+
+def _check_address(address: str) -> None:
+    """A scheduler address Dask can parse (a known scheme; a port for tcp and tls), else a
+    ConfigError: checked before a Client is made, as a Client that fails to parse it is left
+    half started (its cleanup waits for the connect timeout, twice)."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import get_backend
+
+    try:
+        scheme, location = parse_address(address)
+        get_backend(scheme)
+        if scheme in ("tcp", "tls", "ws", "wss"):
+            parse_host_port(location)
+    except ValueError as exc:
+        raise ConfigError(
+            f"cluster.address {address!r} is not a scheduler address ({exc}); give one such "
+            "as tcp://host:8786, or remove cluster.address to run locally"
+        ) from None
 
 
 @contextmanager
@@ -250,8 +271,31 @@ def transport(client: Client) -> str:
 
 def _dashboard(config: ClusterConfig) -> str:
     """The dashboard address; with none configured Dask's HTTP server still runs, so give
-    it a free port rather than 8787 (which another cluster may hold)."""
-    return config.dashboard_address if config.dashboard_address is not None else ":0"
+    it a free port rather than 8787 (which another cluster may hold).
+
+    An address this machine cannot serve on is a ConfigError here: starting the cluster
+    would fail with a bare "Cluster failed to start".
+    """
+    if config.dashboard_address is None:
+        return ":0"
+    from distributed.utils import clean_dashboard_address
+
+    address = config.dashboard_address
+    try:
+        for spec in clean_dashboard_address(address):
+            host = spec["address"] or None  # '' (":8787"): every interface
+            family, kind, proto, _, where = socket.getaddrinfo(
+                host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(where)  # the host only: a port in use is replaced by a free one
+    except (ValueError, OSError) as exc:
+        raise ConfigError(
+            f"cluster.dashboard_address {address!r} cannot be served here ({exc}); give a "
+            "port on this machine such as ':8787' or 'localhost:8787', ':0' for a free port, "
+            "or null for no dashboard"
+        ) from None
+    return address
 
 
 @dataclass(frozen=True)
@@ -276,6 +320,12 @@ def local_resources(config: ClusterConfig, nnz: int | None = None) -> Resources:
     if backend == "cupy":
         ids = gpu_ids(config)
         sizes = gpu_memories()
+        if not sizes:
+            raise ConfigError(
+                "cluster.backend is cupy but no CUDA GPU is visible on this machine: set "
+                "cluster.backend: numpy (or auto) to run on the CPU, or run on a machine with "
+                "a GPU"
+            )
         bad = [d for d in ids if d < 0 or d >= len(sizes)]
         if bad or not ids:
             raise ConfigError(

@@ -177,7 +177,7 @@ def resume_mismatch(attrs: dict[str, Any], here: dict[str, Any]) -> list[str]:
     keys = ("m", "n", *RESUME_MUST_MATCH)
     got = {k: attrs.get(k, "explicit" if k == "kind" else None) for k in keys}
     differ = [f"{k}: {got[k]!r} there, {here[k]!r} here" for k in keys if got[k] != here[k]]
-    if "ratings" in attrs and not _same_ratings(attrs["ratings"], here["ratings"]):
+    if "ratings" in attrs and not same_ratings(attrs["ratings"], here["ratings"]):
         differ.append(f"ratings: {attrs['ratings']} there, {here['ratings']} here")
     for axis, noun in (("rows", "user"), ("cols", "item")):
         if "ids" in attrs and attrs["ids"].get(axis) != here["ids"][axis]:
@@ -186,7 +186,7 @@ def resume_mismatch(attrs: dict[str, Any], here: dict[str, Any]) -> list[str]:
     return differ
 
 
-def _same_ratings(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def same_ratings(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Equal counts, statistics equal to rounding (a store built again with other bands sums
     them in another order)."""
     return a.keys() == b.keys() and all(

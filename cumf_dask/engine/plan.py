@@ -118,7 +118,9 @@ class Plan:
     reduction: str
     groups: list[list[int]] | None
     backend: str
-    link: float = math.inf  # bytes/s between workers the costs assume
+    # bytes/s between workers the costs assume; inf: the workers share one process, so
+    # nothing is copied between them (to_dict, JSON: null)
+    link: float = math.inf
     link_measured: bool = False  # measured on the cluster, else assumed from the transport
     held_out: int = 0  # held-out ratings whose blocks are kept too (the test RMSE's)
     host_factor: Side | None = None  # the factor kept in pinned host memory (None: none)
@@ -154,7 +156,11 @@ class Plan:
         return self.blocks == "device"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The plan as JSON takes it (plan.json, ``--json plan``): an unbounded link (workers
+        in one process) is None, as strict JSON has no Infinity."""
+        out = asdict(self)
+        out["link"] = None if math.isinf(self.link) else self.link
+        return out
 
     def table(self) -> str:
         """A readable summary: p, q and the memory estimate per worker for each half-step."""

@@ -22,23 +22,24 @@ The split (:func:`train_test_split`) holds out, for each user, ``round(test_frac
 of their interactions but never all of them, so every user keeps at least one training
 interaction (implicit's own ``train_test_split`` draws each pair independently, so a user can
 end up with none). Which ones is decided by a hash of (user, item, seed): deterministic,
-independent of the input order (:func:`cumf_dask.data.hashing.user_split_mask`; stores built
-with ``split="users"``, config ``data.split: users``, hold out the same pairs).
+independent of the input order (:func:`cumf_dask.data.hashing.user_split_mask`; for data whose
+ids are the indices 0, 1, ..., stores built with ``split="users"``, config ``data.split:
+users``, hold out the same pairs). Whole-number ids are hashed as they are; any other ids
+(text, fractions) by a hash of their value, so they split too, and come back as given.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import os
+from typing import Any
 
 import numpy as np
 
 from ..checks import check_fraction, check_positive_int
 from ..data.hashing import user_split_mask
 from ..data.store import RatingsStore
-from ..errors import StoreError
-
-if TYPE_CHECKING:
-    from .model import ImplicitALS
+from ..errors import ConfigError, StoreError
+from .model import ImplicitALS
 
 Triple = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -47,40 +48,67 @@ def train_test_split(
     rows: Any, cols: Any, values: Any, test_fraction: float = 0.2, seed: int = 0
 ) -> tuple[Triple, Triple]:
     """((rows, cols, values) for training, the same held out): per user, round(test_fraction
-    n_u) interactions held out, at most n_u - 1 (see the module doc). Give each (user, item)
-    once (sum repeated counts first)."""
+    n_u) interactions held out, at most n_u - 1 (see the module doc). Ids of any kind (numbers,
+    text) come back as given. Give each (user, item) once (sum repeated counts first)."""
     check_fraction("test_fraction", test_fraction)
-    rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
-    values = np.asarray(values)
-    test = user_split_mask(rows, cols, test_fraction, seed)
+    rows, cols, values = np.asarray(rows), np.asarray(cols), np.asarray(values)
+    if not (rows.ndim == cols.ndim == values.ndim == 1 and rows.size == cols.size == values.size):
+        raise ConfigError(
+            "train_test_split takes rows, cols and values as 1-d arrays of one length, got "
+            f"shapes {rows.shape}, {cols.shape}, {values.shape}"
+        )
+    test = user_split_mask(_split_keys(rows), _split_keys(cols), test_fraction, seed)
     train = ~test
     return (rows[train], cols[train], values[train]), (rows[test], cols[test], values[test])
 
 
+def _split_keys(ids: np.ndarray) -> np.ndarray:
+    """The int64 keys the split hashes: whole-number ids themselves (so they split as the same
+    integers do), any other ids (text, fractions) pandas' stable hash of each value."""
+    if ids.dtype == object:
+        ids = np.asarray(ids.tolist())  # Python ints as int64, texts as text
+    if ids.dtype.kind in "iu":
+        return ids.astype(np.int64)
+    if ids.dtype.kind == "f" and (ids == np.floor(ids)).all() and (abs(ids) < 2.0**63).all():
+        return ids.astype(np.int64)
+    import pandas as pd
+
+    return pd.util.hash_array(ids).view(np.int64)
+
+
 def ranking_metrics_at_k(
     model: ImplicitALS,
-    test: RatingsStore | tuple,
+    test: RatingsStore | str | os.PathLike | tuple,
     k: int = 10,
     *,
-    train: RatingsStore | tuple | None = None,
+    train: RatingsStore | str | os.PathLike | tuple | None = None,
     batch: int = 4096,
 ) -> dict[str, float]:
-    """precision, recall, capped_recall, map, ndcg and auc at k (module doc) of a fitted model.
+    """precision, recall, capped_recall, map, ndcg and auc at k (module doc) of a fitted
+    ImplicitALS (an explicit ALS: :func:`cumf_dask.evaluate.ranking_metrics`).
 
     Parameters
     ----------
-    test : RatingsStore (its held-out split) or (users, items[, counts]) arrays
-        Held-out interactions; those with a count <= 0 are not positives. Arrays are in the
-        data's own ids, as the model's methods take them (the indices themselves when the
-        model was fitted with a shape or a SciPy matrix); an id the model does not know is a
+    test : RatingsStore or its path (its held-out split), or (users, items[, counts]) arrays
+        Held-out interactions; those with a count <= 0 are not positives, and a pair given
+        more than once (repeated lines of a log) is one positive. Arrays are in the data's
+        own ids, as the model's methods take them (the indices themselves when the model was
+        fitted with a shape or a SciPy matrix); an id the model does not know is a
         ConfigError.
-    train : RatingsStore or (users, items[, counts]) arrays in own ids, optional
+    train : RatingsStore or its path, or (users, items[, counts]) arrays in own ids, optional
         The training interactions, filtered out of each user's ranking: by default the
         store the model was fitted on (a store given as `test`: its training split).
     """
     check_positive_int("k", k)
+    if not isinstance(model, ImplicitALS):
+        raise ConfigError(
+            f"ranking_metrics_at_k scores an ImplicitALS, got {type(model).__name__}: for the "
+            "explicit ALS use cumf_dask.evaluate.ranking_metrics(model, store, k)"
+        )
+    model._check_fitted()
     n_items = model.item_factors_.shape[0]
     ids = model._ids
+    test, train = _opened(test), _opened(train)
     if isinstance(test, RatingsStore):
         model._matching(test)
         if not test.has_test:
@@ -98,12 +126,14 @@ def ranking_metrics_at_k(
     users, pos = np.unique(t_rows, return_inverse=True)
     if users.size == 0:
         raise StoreError("no held-out positive interactions to rank")
-    if isinstance(train, tuple):
+    if train is not None and not isinstance(train, RatingsStore):
         r, c = ids.users(train[0]), ids.items(train[1])
         at = np.clip(np.searchsorted(users, r), 0, users.size - 1)
         mine = users[at] == r
-        user_items = (at[mine], c[mine], np.ones(int(mine.sum()), np.float32))
-        n_train = np.bincount(at[mine], minlength=users.size)
+        pairs = np.unique(at[mine] * np.int64(n_items) + c[mine])  # a repeated pair counts once
+        at, c = pairs // n_items, pairs % n_items
+        user_items = (at, c, np.ones(at.size, np.float32))
+        n_train = np.bincount(at, minlength=users.size)
         top, _ = model.recommend_indices(users, k, user_items=user_items, batch=batch)
     else:
         store = model._seen_store(train)
@@ -112,14 +142,19 @@ def ranking_metrics_at_k(
     return _metrics(top, pos, t_cols, n_items, n_train, k)
 
 
+def _opened(data: Any) -> Any:
+    """The store a path names, opened; anything else as it is."""
+    return RatingsStore.open(os.fspath(data)) if isinstance(data, (str, os.PathLike)) else data
+
+
 def _metrics(
     top: np.ndarray, pos: np.ndarray, cols: np.ndarray, n_items: int, n_train: np.ndarray, k: int
 ) -> dict[str, float]:
     """The module doc's metrics from each user's top (U, k) (-1: no item) and the held-out
-    (user position, item) pairs."""
+    (user position, item) pairs, a repeated pair counted once."""
     n_users, width = top.shape
     truth = np.unique(pos * np.int64(n_items) + cols)
-    npos = np.bincount(pos, minlength=n_users).astype(np.float64)
+    npos = np.bincount(truth // n_items, minlength=n_users).astype(np.float64)
     valid = top >= 0
     hits = valid & np.isin(np.arange(n_users)[:, None] * np.int64(n_items) + top, truth)
     found = hits.sum(axis=1)

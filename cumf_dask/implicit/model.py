@@ -42,8 +42,12 @@ class ImplicitALS(ALS):
     this model uses the paper's c = 1 + alpha r: implicit's model on counts r is this one's
     with ``alpha = 0`` on binary data, and implicit fed the matrix 1 + alpha R with its
     alpha = 1 is exactly this model. Places left when fewer than k candidates remain come back
-    as id -1 with score -inf (implicit returns filtered items with score -FLT_MAX). Methods
-    take and return dense indices, through one id layer (:mod:`.ids`).
+    as id -1 (None where the ids are text) with score -inf (implicit returns filtered items
+    with score -FLT_MAX). Methods take and return the data's own user and item ids, as the
+    explicit ALS's do (implicit's take dense indices): one id layer (:mod:`.ids`) maps them.
+    ``recommend_indices`` works in dense indices (rows of ``user_factors_`` and
+    ``item_factors_``), as do the `user_items` of :meth:`recommend` and
+    :meth:`recalculate_user`.
 
     Parameters
     ----------
@@ -139,20 +143,29 @@ class ImplicitALS(ALS):
             cg_steps=self.cg_steps, init_scale=self.init_scale,
         )  # fmt: skip
 
-    def _check_store(self, store: RatingsStore) -> None:
+    def _check_store(self, store: RatingsStore, source: str | None = None) -> None:
+        """Refuse negative counts, naming `source` (default: the store's URL)."""
         low = store.stats.get("min")
         if low is not None and low < 0:
             raise ConfigError(
-                f"{store.url}: implicit feedback needs counts >= 0, the store holds {low:g}; "
+                f"{source or store.url}: implicit feedback needs counts >= 0, it holds {low:g}; "
                 "use the explicit ALS for signed ratings"
             )
 
     def _as_store(self, data: Any, client: Any) -> tuple[RatingsStore, Any]:
-        """Also a SciPy sparse user x item matrix, as implicit's ``fit(user_items)``."""
+        """Also a SciPy sparse user x item matrix, as implicit's ``fit(user_items)``. In-memory
+        data is checked here, so that an error names it and not the temporary store."""
         if hasattr(data, "tocoo"):
             coo = data.tocoo()
             data = (coo.row, coo.col, coo.data, coo.shape)
-        return super()._as_store(data, client)
+        store, tmp = super()._as_store(data, client)
+        if tmp is not None:
+            try:
+                self._check_store(store, "the data given to fit")
+            except ConfigError:
+                tmp.cleanup()
+                raise
+        return store, tmp
 
     @classmethod
     def _init_from(cls, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -209,11 +222,14 @@ class ImplicitALS(ALS):
     def recalculate_user(self, user_items: Any, *, batch: int = 4096) -> np.ndarray:
         """Factors of users from their interactions, without refitting (fold-in).
 
-        Each row of `user_items` (a SciPy sparse matrix with one row per user and one column
-        per item, or (rows, items, counts) arrays) is solved exactly against the fitted item
-        factors, as one more user half-step would: ``(Y^T Y + Y_u^T (C_u - I) Y_u + reg I) x =
-        Y_u^T C_u p_u``. The model does not change. Batches run on the workers while the fit's
-        client is open. Returns (rows, f) float32.
+        Each row of `user_items` is one user (new or not), solved exactly against the fitted
+        item factors, as one more user half-step would: ``(Y^T Y + Y_u^T (C_u - I) Y_u + reg I)
+        x = Y_u^T C_u p_u``. `user_items` is in positions and dense indices, not own ids: a
+        SciPy sparse matrix (U, n) whose row r is the r-th user and whose column j is item
+        index j (row j of ``item_factors_``; :meth:`item_indices` maps own ids), or
+        ``(rows, items, counts)`` arrays, rows the positions 0..U-1 and items such indices.
+        The model does not change. Batches run on the workers while the fit's client is open.
+        Returns (U, f) float32, row r for row r of `user_items`.
         """
         self._check_fitted()
         check_number("batch", batch, 1, integer=True)
@@ -272,13 +288,16 @@ class ImplicitALS(ALS):
         items : array of the data's own item ids, optional
             Rank only these candidates.
         user_items : SciPy sparse (U, n) or (rows, items, counts), optional
-            The users' interactions, row r for ``users[r]``; items as dense indices.
+            The users' interactions, as :meth:`recalculate_user` takes them: rows are the
+            positions 0..U-1 in `users` (row r for ``users[r]``, not user ids) and items are
+            dense indices (rows of ``item_factors_``, :meth:`item_indices` maps own ids), not
+            own ids.
         recalculate_user : bool
             Fold the users in from `user_items` (:meth:`recalculate_user`) instead of using
             their fitted factors.
 
-        Returns own item ids; places left when fewer than k candidates remain are id -1
-        with score -inf.
+        Returns own item ids; places left when fewer than k candidates remain are id -1 (None
+        where the ids are text) with score -inf.
         """
         self._check_fitted()
         ids = self._ids
