@@ -11,6 +11,7 @@ or ``--force`` (``force=True``). ``configs/netflix.yaml`` at full size is such a
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -80,7 +81,7 @@ def check_cpu_time(
     fixes = ["run it where a GPU is visible", "or add --force to run it anyway"]
     scale = suggest_scale(config, plan)
     if scale is not None:
-        fixes.insert(0, f"for a CPU-size version use --set data.generate.scale={scale[0]:g} "
+        fixes.insert(0, f"for a CPU-size version use {scaled_settings(config, scale[0])} "
                         f"(forecast {duration(scale[1])})")  # fmt: skip
     else:
         fixes.insert(0, "lower model.factors or model.iterations")
@@ -100,9 +101,18 @@ def forecast_note(config: Config, plan: Plan, fc: Forecast) -> str | None:
     line = f"forecast: {fc.describe()} on {where}"
     scale = suggest_scale(config, plan) if plan.backend == "numpy" else None
     if scale is not None:
-        line += (f"; a CPU-size version: --set data.generate.scale={scale[0]:g} (forecast "
+        line += (f"; a CPU-size version: {scaled_settings(config, scale[0])} (forecast "
                  f"{duration(scale[1])})")  # fmt: skip
     return line
+
+
+def scaled_settings(config: Config, scale: float) -> str:
+    """The --set options of a scaled-down job: the scale, and a store of its own (the
+    full-size store's name, the scale in it), so the small data never takes the big name."""
+    store = config.data.store
+    stem = store[: -len(".zarr")] if store.endswith(".zarr") else store
+    stem = re.sub(r"-scale[0-9.e+-]+$", "", stem)
+    return f"--set data.generate.scale={scale:g} --set data.store={stem}-scale{scale:g}.zarr"
 
 
 def suggest_scale(config: Config, plan: Plan) -> tuple[float, float] | None:

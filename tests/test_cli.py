@@ -412,7 +412,9 @@ def test_a_gpu_size_job_is_refused_on_the_cpu(tmp_path, monkeypatch, no_cluster,
     forecast = (r"forecast to take [\d.]+ (min|h) \([\d.]+ (s|min) per iteration x 10 \+ "
                 r"[\d.]+ (s|min) generating 99,000,000 ratings\) on 2 CPU workers")  # fmt: skip
     assert re.search(forecast, err)
-    assert re.search(r"--set data.generate.scale=0\.\d+ \(forecast [\d.]+ (s|min)\)", err)
+    # a store of its own for the small data: the full-size name stays free
+    assert re.search(r"--set data.generate.scale=(0\.\d+) --set data.store=\S+-scale\1\.zarr "
+                     r"\(forecast [\d.]+ (s|min)\)", err)  # fmt: skip
     assert "--force" in err
     assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()
     assert main(["plan", *CPU_NETFLIX, "--json"]) == 0
@@ -469,7 +471,8 @@ def test_a_long_job_is_announced_with_a_smaller_scale(tmp_path, monkeypatch):
     fc = check_cpu_time(config, planned.plan, planned.generate_nnz, force=False)
     note = forecast_note(config, planned.plan, fc)
     assert note.startswith("forecast: ") and "on 2 CPU workers" in note
-    assert re.search(r"a CPU-size version: --set data\.generate\.scale=0\.\d+ \(forecast", note)
+    assert re.search(r"a CPU-size version: --set data\.generate\.scale=0\.\d+ --set "
+                     r"data\.store=\S+\.zarr \(forecast", note)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- review fixes
