@@ -22,6 +22,7 @@ from cumf_dask.config import HalfStepConfig, PlanConfig
 from cumf_dask.data.spill import build_store
 from cumf_dask.engine import fit as fit_module
 from cumf_dask.engine import plan as plan_module
+from cumf_dask.errors import CumfWarning
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
 
@@ -253,7 +254,9 @@ def test_single_rating(tmp_path, client2):
         np.array([4.0], np.float32),
         shape=(3, 2),
     )
-    model = ALS(2, 0.1, 2, backend="numpy").fit(store, client=client2)
+    with pytest.warns(CumfWarning, match="^2 of 3 users and 1 of 2 items have no training "
+                                         "rating: their factors stay zero"):
+        model = ALS(2, 0.1, 2, backend="numpy").fit(store, client=client2)
     X, T = reference_als([2], [1], [4.0], (3, 2), init_factor(2, 2, 0), 0.1, 2)
     assert np.isfinite(model.user_factors_).all()
     assert rel_err(model.user_factors_, X) < 1e-4

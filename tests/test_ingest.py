@@ -667,6 +667,26 @@ def test_parallel_bands_raise_the_first_error_in_band_order():
         run_tasks(None, _fail_late_or_early, [(0,), (1,), (2,)], "bands", None)
 
 
+def test_first_alone_finishes_before_the_others_start():
+    """GPU bands compile their kernels in band 0, alone; progress still counts every band."""
+    log: list[tuple[str, int]] = []
+
+    def band(k: int) -> int:
+        log.append(("start", k))
+        time.sleep(0.01)
+        log.append(("end", k))
+        return k * k
+
+    seen: list[int] = []
+    out = run_tasks(None, band, [(k,) for k in range(5)], "bands",
+                    lambda _s, done, total: seen.append(done), first_alone=True)  # fmt: skip
+    assert out == [0, 1, 4, 9, 16]
+    assert log[:2] == [("start", 0), ("end", 0)]
+    assert sorted(seen) == [1, 2, 3, 4, 5]
+    with pytest.raises(IngestError, match="band 2"):
+        run_tasks(None, _fail_late_or_early, [(2,), (0,)], "bands", None, first_alone=True)
+
+
 def test_formats_are_described():
     assert set(FORMATS) == {
         "csv", "tsv", "delimited", "movielens-100k", "movielens-1m", "movielens-csv",

@@ -108,11 +108,12 @@ def _build(
             (work, model, a, tile_rows, tile_cols, test_fraction, split_seed, use_gpu)
             for a in range(math.ceil(m / tile_rows))
         ]
-        rows = run_tasks(client, _row_band, bands, "generate", progress)
+        compile_once = use_gpu is True  # a thread pool here: its kernels compile in band 0
+        rows = run_tasks(client, _row_band, bands, "generate", progress, compile_once)
         gpu = (use_gpu,) if use_gpu else ()  # transpose_band sorts on the CPU by default
         cols = run_tasks(client, transpose_band,
                          [(work, b, *gpu) for b in range(math.ceil(n / tile_cols))], "transpose",
-                         progress)  # fmt: skip
+                         progress, compile_once)  # fmt: skip
         n_test = sum(r[1]["nnz"] for r in rows) if test_fraction > 0 else 0
         source = {
             "kind": "synthetic",

@@ -246,9 +246,11 @@ def fit(
         baseline = process_memory(client)
         memory = worker_memory(client, backend)
         workers, link = _link(client, workers, backend, memory)
+        rows, cols = store.counts("row"), store.counts("col")
+        _warn_unrated(rows, cols)
         plan = make_plan(
             store.m, store.n, store.nnz, params.factors, len(workers), memory,
-            store.counts("row"), store.counts("col"), plan_config, backend, link=link,
+            rows, cols, plan_config, backend, link=link,
             host_memory=host_memory(client, backend),
             held_out=store.nnz_test if evaluate and store.has_test else 0,
         )  # fmt: skip
@@ -293,6 +295,20 @@ def _cluster_kept(client: Client) -> Iterator[None]:
             "check that the scheduler runs and the client stays open, then run again with "
             "--resume (resume=True) to continue from the last checkpoint"
         ) from None
+
+
+def _warn_unrated(rows: np.ndarray, cols: np.ndarray) -> None:
+    """A CumfWarning when users or items have no training rating: ALS leaves their factors
+    at zero, so they predict 0, and held-out ratings of theirs are scored as such."""
+    empty = [f"{k:,} of {c.size:,} {noun}" for c, noun in ((rows, "users"), (cols, "items"))
+             if (k := int(np.count_nonzero(c == 0)))]  # fmt: skip
+    if empty:
+        warnings.warn(
+            f"{' and '.join(empty)} have no training rating: their factors stay zero, so "
+            "they predict 0 (held-out ratings of theirs count so in the test RMSE)",
+            CumfWarning,
+            stacklevel=3,
+        )
 
 
 def _resumed(
