@@ -9,7 +9,7 @@ import numpy as np
 
 from .checks import check_number
 from .data.store import RatingsStore
-from .errors import StoreError
+from .errors import ConfigError, StoreError
 
 if TYPE_CHECKING:
     from .model import ALS
@@ -48,10 +48,14 @@ def ranking_metrics(
     rows, cols, vals = store.read_coo("row", split="test")
     if threshold is not None:
         keep = vals >= threshold
+        if not keep.any():
+            top = float(vals.max())
+            raise ConfigError(
+                f"threshold {threshold:g}: no held-out rating is that high (the highest is "
+                f"{top:g}); give a threshold of at most {top:g}, or leave it out"
+            )
         rows, cols = rows[keep], cols[keep]
     users = np.unique(rows)
-    if users.size == 0:
-        raise StoreError("no held-out rating passes the relevance threshold")
     if max_users is not None and users.size > max_users:
         users = np.sort(np.random.default_rng(seed).choice(users, max_users, replace=False))
     order = np.argsort(rows, kind="stable")

@@ -23,6 +23,8 @@ def init_factor(
     any slice is the same as the slice of the whole, however the factor is partitioned.
     """
     stop = n_rows if stop is None else stop
+    if not 0 <= start <= stop <= n_rows:
+        raise ValueError(f"init_factor: rows [{start}, {stop}) are not within [0, {n_rows})")
     out = np.empty((stop - start, f), np.float32)
     scale = np.float32(1.0 / np.sqrt(f) if scale is None else scale)
     for chunk in range(start // INIT_CHUNK, -(-stop // INIT_CHUNK)):

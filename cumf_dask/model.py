@@ -14,6 +14,7 @@ Data without ids (a declared shape, a SciPy matrix) has the indices as its ids.
 
 from __future__ import annotations
 
+import inspect
 import os
 import tempfile
 import warnings
@@ -110,7 +111,7 @@ class ALS:
         plan: PlanConfig | None = None,
         checkpoint_dir: str | None = None,
         evaluate: bool = True,
-        callbacks: Sequence[IterationCallback] = (),
+        callbacks: IterationCallback | Sequence[IterationCallback] | None = (),
         progress: Callable[[str, int, int | None], None] | None = None,
     ):
         self.factors = factors
@@ -124,9 +125,7 @@ class ALS:
         self.plan = plan
         self.checkpoint_dir = checkpoint_dir
         self.evaluate = evaluate
-        if callable(callbacks):  # one callable given alone
-            callbacks = [callbacks]
-        self.callbacks = list(callbacks)
+        self.callbacks = callbacks  # kept as given (scikit-learn's clone checks identity)
         self.progress = progress
 
     def __repr__(self) -> str:
@@ -143,6 +142,38 @@ class ALS:
             f"ALS(factors={self.factors}, regularization={self.regularization}, "
             f"iterations={self.iterations}, backend={self.backend!r}{extra})"
         )
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor's parameters by name, as scikit-learn estimators give them (so
+        ``sklearn.base.clone`` and parameter searches work); `deep` changes nothing."""
+        return {name: getattr(self, name) for name in self._param_names()}
+
+    def set_params(self, **params: Any) -> ALS:
+        """Set constructor parameters by name (checked when :meth:`fit` runs); returns self."""
+        names = self._param_names()
+        unknown = sorted(set(params) - set(names))
+        if unknown:
+            raise ConfigError(f"{type(self).__name__} has no parameter {unknown[0]!r}; its "
+                              f"parameters are {', '.join(names)}")  # fmt: skip
+        for name, value in params.items():
+            setattr(self, name, value)
+        return self
+
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+
+    def _callbacks(self) -> list[IterationCallback]:
+        """`callbacks` as a list: a single callable may be given alone, or None."""
+        if self.callbacks is None:
+            return []
+        if callable(self.callbacks):
+            return [self.callbacks]
+        try:
+            return list(self.callbacks)
+        except TypeError:
+            raise ConfigError(f"callbacks must be a callable or a sequence of callables; "
+                              f"got {self.callbacks!r}") from None  # fmt: skip
 
     def __getstate__(self) -> dict[str, Any]:
         """Everything but the live cluster state, the temporary store folder (and the store
@@ -218,7 +249,7 @@ class ALS:
                 f"plan must be a cumf_dask.config.PlanConfig or None, got "
                 f"{type(self.plan).__name__}: e.g. plan=PlanConfig(p=2)"
             )
-        bad = [c for c in self.callbacks if not callable(c)]
+        bad = [c for c in self._callbacks() if not callable(c)]
         if bad:
             raise ConfigError(f"callbacks must be callables (each takes the iteration's "
                               f"record); got {bad[0]!r}")  # fmt: skip
@@ -258,7 +289,7 @@ class ALS:
         ids = store.ids("rows"), store.ids("cols")  # read (and checked) before training
         result = fit(
             client, store, params, backend, plan_config=self.plan, evaluate=self.evaluate,
-            checkpoint_dir=self.checkpoint_dir, resume=resume, callbacks=self.callbacks,
+            checkpoint_dir=self.checkpoint_dir, resume=resume, callbacks=self._callbacks(),
             progress=self.progress,
         )  # fmt: skip
         self.plan_: Plan = result.plan

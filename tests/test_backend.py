@@ -9,7 +9,7 @@ from reference import half_step
 
 from cumf_dask.backend.objective import UpdateSpec
 from cumf_dask.blocks import coo_to_block
-from cumf_dask.factors import init_factor
+from cumf_dask.factors import INIT_CHUNK, init_factor
 
 
 def _block(m, n, seed, **kw):
@@ -127,3 +127,15 @@ def test_topk_excludes_seen(backend):
     full[3, 29] = -np.inf
     np.testing.assert_array_equal(idx, np.argsort(-full, axis=1)[:, :3])
     np.testing.assert_allclose(score, np.take_along_axis(full, idx, 1), rtol=1e-5)
+
+
+def test_init_factor_slices_are_slices_of_the_whole():
+    """Any partition draws the same rows (chunks are seeded alone); rows past the end are an
+    error, never uninitialized memory."""
+    n = INIT_CHUNK + 100
+    whole = init_factor(n, 3, 5)
+    for start, stop in ((0, 7), (INIT_CHUNK - 4, INIT_CHUNK + 9), (n - 1, n), (10, 10)):
+        np.testing.assert_array_equal(init_factor(n, 3, 5, start, stop), whole[start:stop])
+    for start, stop in ((0, n + 1), (5, 4), (-1, 3)):
+        with pytest.raises(ValueError, match="are not within"):
+            init_factor(n, 3, 5, start, stop)

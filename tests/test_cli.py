@@ -515,7 +515,7 @@ def test_evaluate_options_are_usage_errors(flow, run_cli):
     _, err = run_cli("evaluate", "runs/tiny-latest", "--users", "0", code=2)
     assert "--users must be at least 1, got 0" in err
     _, err = run_cli("evaluate", "runs/tiny-latest", "--threshold", "100", code=2)
-    assert "--threshold 100: no held-out rating is that high (the highest is 5)" in err
+    assert "threshold 100: no held-out rating is that high (the highest is 5)" in err
 
 
 def test_evaluate_an_implicit_model(flow, work, run_cli, clients):

@@ -392,6 +392,9 @@ def test_k_in_the_api(greedy):
     assert all(np.isfinite(v) for v in metrics.values())
     with pytest.raises(ConfigError, match="'k' must be >= 1"):
         ranking_metrics(model, greedy, k=0)
+    top_held_out = greedy.read_coo("row", split="test")[2].max()
+    with pytest.raises(ConfigError, match=f"the highest is {top_held_out:g}"):
+        ranking_metrics(model, greedy, threshold=top_held_out + 1)
 
 
 def test_k_in_the_cli(greedy, tmp_path, capsys):

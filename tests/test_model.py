@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import pickle
 import shutil
 
@@ -13,6 +14,7 @@ from cumf_dask.data.ingest import ingest_arrays
 from cumf_dask.data.inputs import ingest_input
 from cumf_dask.data.spill import build_store
 from cumf_dask.errors import ConfigError, CumfWarning, IngestError, NotFittedError, StoreError
+from cumf_dask.implicit.model import ImplicitALS
 from cumf_dask.model import ALS
 
 M, N = 70, 40
@@ -248,12 +250,31 @@ def test_api_misuse_is_one_clear_error(store, client):
         ALS(plan={"p": 2}).fit(store)
     with pytest.raises(ConfigError, match="callbacks must be callables"):
         ALS(callbacks=[1]).fit(store)
-    assert ALS(callbacks=print).callbacks == [print]
+    assert ALS(callbacks=print)._callbacks() == [print]
+    with pytest.raises(ConfigError, match="callbacks must be a callable or a sequence"):
+        ALS(callbacks=5).fit(store)
     closed = type("Closed", (), {"status": "closed"})()
     with pytest.raises(ConfigError, match="the client is closed"):
         ALS().fit(store, client=closed)
     with pytest.raises(IngestError, match=r"ingest_arrays\(\.\.\., duplicates=\)"):
         ALS(backend="numpy").fit((np.array([1, 1]), np.array([2, 2]), np.array([3.0, 4.0])))
+
+
+@pytest.mark.parametrize("cls", [ALS, ImplicitALS])
+def test_parameters_follow_the_scikit_learn_convention(cls):
+    """get_params names every constructor argument and hands back the very objects given
+    (sklearn.base.clone checks identity); set_params refuses an unknown name."""
+    log = [print]
+    model = cls(factors=7, callbacks=log, seed=3)
+    params = model.get_params()
+    assert set(params) == set(inspect.signature(cls).parameters)
+    assert params["factors"] == 7 and params["seed"] == 3 and params["callbacks"] is log
+    twin = cls(**params)
+    assert all(twin.get_params()[k] is v for k, v in params.items())
+    assert model.set_params(factors=9, iterations=2) is model
+    assert (model.factors, model.iterations) == (9, 2)
+    with pytest.raises(ConfigError, match="has no parameter 'rank'; its parameters are factors"):
+        model.set_params(rank=4)
 
 
 def test_numpy_cholesky_gives_nan_rows_for_systems_not_positive_definite():
