@@ -27,7 +27,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from bench_iteration import device_name
+from device import describe
 from distributed import get_task_stream
 
 from cumf_dask import ALS
@@ -35,6 +35,7 @@ from cumf_dask.config import ClusterConfig, PlanConfig
 from cumf_dask.data.planted import PlantedModel
 from cumf_dask.data.store import RatingsStore
 from cumf_dask.data.synthetic import generate
+from cumf_dask.devices import has_cuda
 from cumf_dask.engine.cluster import cluster_client, transport
 
 
@@ -157,14 +158,27 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     plans = [plan_config(text, args.blocks) for text in args.plan or [""]]
+    if not has_cuda():
+        parser.error("needs a CUDA GPU with cupy (this benchmark times the GPU engine)")
+    device = describe(gpu=True)
     store, gen_seconds = generate_store(args)
+    try:
+        run_fits(store, gen_seconds, device, args, plans)
+    finally:
+        if not args.keep:
+            shutil.rmtree(store.url, ignore_errors=True)
+
+
+def run_fits(store: RatingsStore, gen_seconds: float, device: str, args: argparse.Namespace,
+             plans: list[PlanConfig]) -> None:  # fmt: skip
+    """Print the store's generation, then one fit per plan (appended to --json)."""
     ratings = store.nnz + store.nnz_test
     disk = store.size_on_disk() or 0
-    print(f"device: {device_name('cupy')}, {os.cpu_count()} cores")
+    print(f"device: {device}")
     print(f"generated {args.preset} x {args.scale:g}: {store.m:,} x {store.n:,}, {ratings:,} "
           f"ratings in {gen_seconds:.1f} s ({ratings / gen_seconds / 1e6:.1f} M ratings/s), "
           f"{disk / 1e9:.1f} GB on disk")  # fmt: skip
-    record = {"date": time.strftime("%Y-%m-%d"), "device": device_name("cupy"),
+    record = {"date": time.strftime("%Y-%m-%d"), "device": device,
               "preset": args.preset, "scale": args.scale, "shape": [store.m, store.n],
               "ratings": ratings, "factors": args.factors, "generation_s": gen_seconds,
               "disk_bytes": disk}  # fmt: skip
@@ -173,8 +187,6 @@ def main() -> None:
         if args.json:
             with open(args.json, "a") as fh:
                 fh.write(json.dumps({**record, **result}) + "\n")
-    if not args.keep:
-        shutil.rmtree(store.url, ignore_errors=True)
 
 
 def fit_once(store: RatingsStore, args: argparse.Namespace, config: PlanConfig) -> dict:

@@ -7,14 +7,14 @@
                                                    # sort on the GPU (needs cupy)
 
 Workers are local Dask worker processes (one thread each); --workers 0 uses the thread pool
-of ``generate(client=None)``. Each repeat builds the store from scratch; the median is shown.
+of ``generate(client=None)``. Each repeat builds the store from scratch; the median is shown,
+and the build rate as a share of the ceiling: writing as many bytes to a file in the same
+folder (through the page cache, as the build writes).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -22,25 +22,29 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+from device import describe
+
 from cumf_dask.config import GenerateConfig
 from cumf_dask.data.planted import PlantedModel
 from cumf_dask.data.synthetic import generate
 
 
-def describe_device(gpu: bool) -> str:
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines()
-                 if ln.startswith("model name")]  # fmt: skip
-        cpu = names[0] if names else cpu
-    text = f"{cpu}, {os.cpu_count()} cores"
-    if gpu:
-        import cupy
-
-        props = cupy.cuda.runtime.getDeviceProperties(0)
-        text += f"; GPU {props['name'].decode()}"
-    return text
+def write_rate(folder: str, size: int) -> float:
+    """Bytes/s of writing `size` random bytes (at most 1 GiB) to a fresh file in `folder`, as a
+    store build writes (through the page cache, no fsync): the build's ceiling were it only
+    writing its bytes."""
+    size = max(1, min(size, 1 << 30))
+    chunk = np.random.default_rng().bytes(min(size, 16 << 20))
+    path = Path(folder) / "write-probe.bin"
+    start = time.perf_counter()
+    with open(path, "wb") as fh:
+        for _ in range(-(-size // len(chunk))):
+            fh.write(chunk)
+    seconds = time.perf_counter() - start
+    written = path.stat().st_size
+    path.unlink()
+    return written / seconds
 
 
 def run_once(url: str, model: PlantedModel, client, gpu: bool) -> dict[str, float]:
@@ -89,7 +93,7 @@ def main() -> None:
     model = PlantedModel.create(**asdict(gen))
     workdir = tempfile.mkdtemp(prefix="bench-generate-", dir=args.dir)
     url = str(Path(workdir) / "ratings.zarr")
-    print(f"device: {describe_device(args.gpu)}")
+    print(f"device: {describe(args.gpu)}")
     cluster = client = None
     if args.workers > 0:
         from distributed import Client, LocalCluster
@@ -105,6 +109,7 @@ def main() -> None:
                 f"  run {i + 1}: {run['total_s']:.1f} s (row bands {run['rows_s']:.1f} s, "
                 f"column bands {run['cols_s']:.1f} s)"
             )
+        ceiling = write_rate(workdir, runs[0]["bytes"])
     finally:
         if client is not None:
             client.close()
@@ -121,8 +126,10 @@ def main() -> None:
     print(f"workers: {args.workers or 'threads'}, gpu: {args.gpu}, repeats: {args.repeats}")
     print(f"ratings generated/s (row bands: generate + write): {ratings / rows / 1e6:.2f} M/s")
     print(f"ratings/s, whole store (incl. transposition):      {ratings / total / 1e6:.2f} M/s")
-    print(f"store build rate: {first['bytes'] / total / 1e6:.1f} MB/s "
-          f"({first['bytes'] / 1e6:.0f} MB on disk in {total:.1f} s)")  # fmt: skip
+    rate = first["bytes"] / total
+    print(f"store build rate: {rate / 1e6:.1f} MB/s ({first['bytes'] / 1e6:.0f} MB on disk in "
+          f"{total:.1f} s), {rate / ceiling:.3f} of writing as many bytes to a file there "
+          f"({ceiling / 1e6:.0f} MB/s)")  # fmt: skip
 
 
 if __name__ == "__main__":

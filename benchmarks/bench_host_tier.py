@@ -36,13 +36,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cumf_dask.backend.cupy_backend import CupyBackend, pinned_copy
-from cumf_dask.backend.objective import as_spec
-from cumf_dask.blocks import Block
-from cumf_dask.compat import import_cupy
-from cumf_dask.engine import tasks
-
-cp = import_cupy()
 SHAPES = {
     # name: {side: (rows, cols, nnz)}, one task of each half-step
     "facebook-0.01": {
@@ -50,6 +43,26 @@ SHAPES = {
         "x": (16_915_447, 4_800_000, 180_000_000),
     },
 }
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="facebook-0.01", choices=sorted(SHAPES))
+    parser.add_argument("--factors", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=5)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    ARGS = arguments()  # --help and bad options answer before CuPy is imported
+
+from cumf_dask.backend.cupy_backend import CupyBackend, pinned_copy
+from cumf_dask.backend.objective import as_spec
+from cumf_dask.blocks import Block
+from cumf_dask.compat import import_cupy
+from cumf_dask.engine import tasks
+
+cp = import_cupy()
 
 
 def wall(fn, repeats: int) -> float:
@@ -142,12 +155,7 @@ def bench_x(be: CupyBackend, block: Block, f: int, repeats: int) -> dict[str, fl
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="facebook-0.01", choices=sorted(SHAPES))
-    parser.add_argument("--factors", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+def main(args: argparse.Namespace) -> None:
     be = CupyBackend()
     rate = bus_rate()
     print(f"device {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; "
@@ -170,4 +178,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -19,7 +19,8 @@ Two parts (``--parts``), one table printed last (also ``results/implicit.json`` 
   to counts 1..5), at ``--factors`` and every f of ``--sweep``, CG (3 steps) and Cholesky,
   against implicit on the same data and device: its GPU ALS
   (``implicit.gpu.als.AlternatingLeastSquares``, CG only; skipped with a line saying so when
-  implicit was built without CUDA) for ``--backend cupy``, its CPU ALS for ``numpy``.
+  implicit was built without CUDA) for ``--backend cupy``, its CPU ALS for ``numpy``;
+  implicit's record carries ``x_cumf_dask``, its seconds over cumf-dask's in the same run.
 
 `implicit` is an optional benchmark dependency (``pip install implicit==0.7.3``): without it
 only cumf-dask's rows are measured.
@@ -30,7 +31,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import platform
 import statistics
 import time
 import warnings
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from device import describe
 
 from cumf_dask import RatingsStore
 from cumf_dask.config import ClusterConfig
@@ -197,24 +198,16 @@ def timing(args: argparse.Namespace, client: Any, device: str) -> list[dict[str,
             if isinstance(theirs, str):
                 print(f"implicit, {device}, f={f}, {solver}: skipped: {theirs}", flush=True)
                 continue
+            ours = records[-1]["s_per_iteration"]
+            their_s = steady(fit_implicit(theirs, C))
             records.append({**base, "library": "implicit", "device": device,
-                            "s_per_iteration": steady(fit_implicit(theirs, C))})  # fmt: skip
+                            "s_per_iteration": their_s,
+                            "x_cumf_dask": round(their_s / ours, 2)})  # fmt: skip
             print(records[-1], flush=True)
     return records
 
 
 # ----------------------------------------------------------------------------- main
-
-
-def device_name(device: str) -> str:
-    if device == "cupy":
-        import pynvml
-
-        pynvml.nvmlInit()
-        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-        pynvml.nvmlShutdown()
-        return str(name)
-    return f"{os.cpu_count()}-core {platform.machine()} CPU"
 
 
 def main() -> None:
@@ -252,7 +245,7 @@ def main() -> None:
                 records += timing(args, client, device)
     if not records:
         raise SystemExit("nothing measured: --parts ml100k runs on --backend numpy")
-    devices = ", ".join(map(device_name, args.backend.split(",")))
+    devices = describe("cupy" in args.backend.split(","))
     print(f"\n{time.strftime('%Y-%m-%d')}, {devices}, load average {load[0]:.1f} at the start, "
           f"{os.getloadavg()[0]:.1f} at the end")  # fmt: skip
     from report import write_results

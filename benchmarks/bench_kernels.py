@@ -43,6 +43,24 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+def arguments() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="Netflix only, fewer solve sizes")
+    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--profile", action="store_true", help="one call of each kernel (for ncu)")
+    ap.add_argument(
+        "--precision",
+        nargs="+",
+        default=["float32"],
+        choices=["float32", "bfloat16"],
+        help="storage precision(s) of the fixed factor to measure",
+    )
+    return ap.parse_args()
+
+
+if __name__ == "__main__":
+    ARGS = arguments()  # --help and bad options answer before CuPy is imported
+
 from cumf_dask.backend.cupy_backend import CupyBackend
 from cumf_dask.backend.numpy_backend import NumpyBackend
 from cumf_dask.compat import import_cupy
@@ -319,19 +337,7 @@ def profile() -> None:
 
 
 # ---------------------------------------------------------------------------- main
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="Netflix only, fewer solve sizes")
-    ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--profile", action="store_true", help="one call of each kernel (for ncu)")
-    ap.add_argument(
-        "--precision",
-        nargs="+",
-        default=["float32"],
-        choices=["float32", "bfloat16"],
-        help="storage precision(s) of the fixed factor to measure",
-    )
-    args = ap.parse_args()
+def main(args: argparse.Namespace) -> None:
     if args.profile:
         profile()
         return
@@ -381,4 +387,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -5,8 +5,9 @@
 Times reading the whole matrix in each orientation (what a p = 1, q = 1 plan loads) as
 ``RatingsStore.read_block`` does (decode + CSR on the host), median of --repeats, with the
 page cache warm and then cold (the store's files evicted with posix_fadvise), beside the
-disk's own sequential rate (``dd`` of a fresh 1 GiB file, evicted first). Rates are stored
-bytes (the band files on disk) and raw bytes (12 per rating) per second. With --gpu also
+disk's own sequential rate (``dd`` of a fresh 1 GiB file, evicted first; "x dd" is the
+stored rate over it). Rates are stored bytes (the band files on disk) and raw bytes (12 per
+rating) per second. With --gpu also
 what a GPU worker does (decoded by the host's threads, which copy each chunk to the GPU;
 CSR built on the GPU: ``store -> GPU s``), the
 copy of a host-built block into GPU memory (pageable and pinned), and the first ``update``
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_iteration import get_store
+from device import describe
 
 
 def evict(root: Path) -> None:
@@ -80,16 +82,20 @@ def main() -> None:
     if args.preset is None:
         args.m, args.n, args.nnz = args.m or 100_000, args.n or 20_000, args.nnz or 5_000_000
     store = get_store(args)
+    print(f"device: {describe(args.gpu)}")
     print(f"store: {store.m:,} x {store.n:,}, {store.nnz:,} ratings; {args.threads} threads")
-    print(f"disk (dd, cold): {disk_rate(args.data) / 1e9:.2f} GB/s")
+    dd = disk_rate(args.data)
+    print(f"disk (dd, cold): {dd / 1e9:.2f} GB/s")
     be = None
     if args.gpu:
         from cumf_dask.backend import get_backend
 
         be = get_backend("cupy")
-    print(f"{'orient':<7}{'cache':<6}{'seconds':>9}{'stored GB/s':>12}{'raw GB/s':>10}"
-          f"{'M ratings/s':>12}{'store -> GPU s':>15}{'GB/s stored':>12}{'copy s':>8}"
-          f"{'pinned s':>9}")  # fmt: skip
+    head = (f"{'orient':<7}{'cache':<6}{'seconds':>9}{'stored GB/s':>12}{'x dd':>6}"
+            f"{'raw GB/s':>10}{'M ratings/s':>12}")  # fmt: skip
+    if be is not None:
+        head += f"{'store -> GPU s':>15}{'GB/s stored':>12}{'copy s':>8}{'pinned s':>9}"
+    print(head)
     for orient, group in (("row", "by_row"), ("col", "by_col")):
         stored = stored_bytes(store, group)
         shape = store.shape(orient)
@@ -103,7 +109,8 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
             sec = statistics.median(times)
             rates = (stored / sec / 1e9, 12 * block.nnz / sec / 1e9, block.nnz / sec / 1e6)
-            line = f"{orient:<7}{cache:<6}{sec:>9.3f}{rates[0]:>12.2f}{rates[1]:>10.2f}"
+            line = (f"{orient:<7}{cache:<6}{sec:>9.3f}{rates[0]:>12.2f}{rates[0] * 1e9 / dd:>6.2f}"
+                    f"{rates[1]:>10.2f}")  # fmt: skip
             line += f"{rates[2]:>12.0f}"
             if be is not None and cache == "warm":
                 sec_gpu = gpu_load_seconds(be, store, orient, shape, args.threads, args.repeats)

@@ -43,12 +43,14 @@ from collections import defaultdict
 from contextlib import nullcontext
 from pathlib import Path
 
-from bench_iteration import device_name, get_store
+from bench_iteration import get_store
+from device import describe
 from distributed import get_task_stream
 
 from cumf_dask import ALS, ImplicitALS
 from cumf_dask.compat import has_module
 from cumf_dask.config import ClusterConfig, PlanConfig
+from cumf_dask.devices import has_cuda
 from cumf_dask.engine.cluster import cluster_client, transport
 
 # the tasks of a half-step in the engine's task keys (engine/halfstep.py), and its checks
@@ -162,6 +164,8 @@ def main() -> None:
         parser.error("--no-eval scores the explicit model's test RMSE: not with --implicit")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if not has_cuda() or not has_module("dask_cuda"):
+        parser.error("needs CUDA GPUs with cupy and dask-cuda (pip install 'cumf-dask[gpu]')")
     store = get_store(args)
     clusters = [(1, "tcp", PlanConfig())]
     for gpus in args.gpus:
@@ -177,7 +181,7 @@ def main() -> None:
             fits[k].append(run(store, args, *cluster))
     runs = [median_fit(repeats) for repeats in fits]
     one = runs[0]
-    print(f"device: {device_name('cupy')}")
+    print(f"device: {describe(gpu=True)}")
     print(f"shape: {store.m:,} x {store.n:,}, {store.nnz:,} ratings, f={args.factors}, "
           f"lambda={args.lam}, {args.iterations} iterations (median of 2..)")  # fmt: skip
     head = (f"{'gpus':>4} {'transport':>9} {'reduction':>9} {'plan X,Theta':>16} {'link GB/s':>9} "
@@ -203,7 +207,7 @@ def main() -> None:
             spans = "  ".join(f"{name} {ms:6.1f}" for name, ms in r["spans_ms"].items())
             print(f"{r['gpus']:>4} {r['transport']:>9} {r['reduction']:>9}  {spans}")
     if args.json:
-        record = {"date": time.strftime("%Y-%m-%d"), "device": device_name("cupy"),
+        record = {"date": time.strftime("%Y-%m-%d"), "device": describe(gpu=True),
                   "shape": [store.m, store.n], "nnz": store.nnz, "factors": args.factors,
                   "runs": runs}  # fmt: skip
         with Path(args.json).open("a") as fh:

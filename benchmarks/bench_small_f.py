@@ -19,6 +19,19 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+
+def arguments() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", type=float, default=0.125)
+    ap.add_argument("--factors", type=int, nargs="+", default=[5, 10, 16])
+    ap.add_argument("--json")
+    return ap.parse_args()
+
+
+if __name__ == "__main__":
+    ARGS = arguments()  # --help and bad options answer before CuPy is imported
+
 from bench_kernels import LAM, check_rows, degrees, free, synth_block, timeit
 
 from cumf_dask.backend import cupy_backend
@@ -56,12 +69,7 @@ def copy_rate() -> float:
     return 2 * (1 << 30) / t
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scale", type=float, default=0.125)
-    ap.add_argument("--factors", type=int, nargs="+", default=[5, 10, 16])
-    ap.add_argument("--json")
-    args = ap.parse_args()
+def main(args: argparse.Namespace) -> None:
     rng = np.random.default_rng()
     m, n, nnz = (int(SPARKALS[0] * args.scale), SPARKALS[1], int(SPARKALS[2] * args.scale))
     props = cp.cuda.runtime.getDeviceProperties(0)
@@ -105,4 +113,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

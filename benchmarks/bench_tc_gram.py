@@ -23,6 +23,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results here")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    ARGS = arguments()  # --help and bad options answer before CuPy is imported
+
 from bench_kernels import timeit
 
 from cumf_dask.backend.cupy_backend import CupyBackend
@@ -67,10 +76,7 @@ def run_case(name, f, n_fixed, nseg, seglen, seed) -> dict:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write the results here")
-    args = parser.parse_args()
+def main(args: argparse.Namespace) -> None:
     device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     results = []
     for seed, case in enumerate(CASES):
@@ -90,4 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

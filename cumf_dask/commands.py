@@ -198,8 +198,10 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
         result.update(ranking)
 
     def human() -> None:
+        width = max(map(len, result)) + 2
         for key, value in result.items():
-            print(f"{key:<14}{value:.4f}" if isinstance(value, float) else f"{key:<14}{value}")
+            print(f"{key:<{width}}{value:.4f}" if isinstance(value, float)
+                  else f"{key:<{width}}{value}")  # fmt: skip
 
     out.result(result, human)
 
