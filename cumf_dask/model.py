@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import inspect
 import os
+import shutil
 import tempfile
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -274,7 +276,7 @@ class ALS:
             return RatingsStore.open(str(data)), None
         from .data.inputs import ingest_input
 
-        tmp = tempfile.TemporaryDirectory(prefix="cumf-fit-")
+        tmp = _TempFolder()
         try:
             store = ingest_input(
                 data, f"{tmp.name}/ratings.zarr", test_fraction=0.0, client=client
@@ -614,6 +616,19 @@ class ALS:
         model.store_ratings_ = attrs.get("store_ratings")
         model._maps = {}
         return model
+
+
+class _TempFolder:
+    """The folder of a store built from in-memory data, living as long as the model that
+    holds it: removed by cleanup() or when the model lets go of it (collected, or refitted),
+    quietly: TemporaryDirectory warns (ResourceWarning) at the latter, the normal case here."""
+
+    def __init__(self) -> None:
+        self.name = tempfile.mkdtemp(prefix="cumf-fit-")
+        self._remove = weakref.finalize(self, shutil.rmtree, self.name, ignore_errors=True)
+
+    def cleanup(self) -> None:
+        self._remove()
 
 
 def _location(url: str) -> str:

@@ -274,7 +274,7 @@ def _count_updates_from_now(client, monkeypatch) -> None:
     monkeypatch.setattr(NumpyBackend, "update", _update_nan_third)
 
 
-def _forgotten(client, part: str, timeout: float = 5.0, state: str | None = None) -> bool:
+def _forgotten(client, part: str, timeout: float = 20.0, state: str | None = None) -> bool:
     """Whether the scheduler holds no task with `part` in its key (`state`: in that state)
     within `timeout` s."""
     deadline = time.monotonic() + timeout

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
 import pickle
 import shutil
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,10 +163,22 @@ def test_fitted_model_pickles_without_its_cluster(store, client):
 
 
 def test_fit_on_arrays_without_client():
+    """The store built from the arrays lives as long as the model holds it, and goes
+    quietly (no ResourceWarning) when the model refits or is collected."""
     rows, cols, vals = random_ratings(30, 20, 0.3, seed=4)
     model = ALS(3, 0.1, 2, backend="numpy").fit((rows, cols, vals, (30, 20)))
     assert model.user_factors_.shape == (30, 3)
     assert np.isfinite(model.user_factors_).all()
+    first = Path(model._tmp.name)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", ResourceWarning)
+        model.fit((rows, cols, vals, (30, 20)))
+        second = Path(model._tmp.name)
+        assert not first.exists() and second.exists()
+        del model
+        gc.collect()
+    assert not second.exists()
+    assert not [w for w in seen if issubclass(w.category, ResourceWarning)]
 
 
 def test_bad_input(store, client, tmp_path):
