@@ -137,3 +137,5 @@ def test_unknown_inputs_are_refused():
         ALS(2).fit(np.ones((4, 2)))
     with pytest.raises(ConfigError, match="fit\\(\\) takes a RatingsStore"):
         ALS(2).fit({"user": [1]})
+    with pytest.raises(ConfigError, match=r"^shape must be \(m, n\).* got \(2,\)"):
+        ALS(2).fit(([0, 1], [0, 1], [1.0, 2.0], (2,)))

@@ -179,6 +179,16 @@ def test_parquet_round_trip_by_name_and_position(tmp_path):
     assert by_name.ids("cols").dtype.kind == "i"
 
 
+def test_parquet_columns_by_name_else_by_position(tmp_path):
+    """Without columns, user, item and rating are taken by name when all three are there."""
+    pq.write_table(pa.table({"rating": [5.0, 3.0], "item": [10, 20], "user": [1, 2]}),
+                   tmp_path / "named.parquet")  # fmt: skip
+    pq.write_table(pa.table({"u": [1, 2], "i": [10, 20], "r": [5.0, 3.0]}), tmp_path / "p.parquet")
+    for name in ("named", "p"):
+        store = ingest_file(tmp_path / f"{name}.parquet", tmp_path / f"{name}.zarr", "parquet")
+        assert contents(store) == {(1, 10): 5.0, (2, 20): 3.0}
+
+
 def test_parquet_bad_rating_names_row(tmp_path):
     table = pa.table({"u": [1, 2, 3], "i": [4, 5, 6], "r": [1.0, float("nan"), 2.0]})
     pq.write_table(table, tmp_path / "r.parquet")
@@ -187,12 +197,23 @@ def test_parquet_bad_rating_names_row(tmp_path):
     assert_nothing_at(tmp_path / "s.zarr")
 
 
-@pytest.mark.parametrize("users", [["a", None], pa.array([7, None], pa.int64())])
-def test_parquet_missing_id_names_row(tmp_path, users):
-    """A null id is missing, text or integer (pyarrow gives an integer column's nulls as NaN)."""
-    pq.write_table(pa.table({"u": users, "i": [4, 5], "r": [1.0, 2.0]}), tmp_path / "r.pq")
-    with pytest.raises(IngestError, match=r"r\.pq, row 2: the user id is missing"):
-        ingest_file(tmp_path / "r.pq", tmp_path / "s.zarr", "parquet")
+@pytest.mark.parametrize(
+    "users, message",
+    [
+        (["a", None], r"r0\.pq, row 2: the user id is missing"),
+        (pa.array([7, None], pa.int64()), r"r0\.pq, row 2: the user id is missing"),
+        ([[7], [8]], r"r0\.pq, row 1: the user id array\(\[7\]\) is not a scalar"),
+        ([1, 2], r"^user ids 1 and '1' are different ids that read alike as text"),
+    ],
+)
+def test_parquet_bad_ids(tmp_path, users, message):
+    """A null id is missing, text or integer (pyarrow gives an integer column's nulls as NaN);
+    a list is no id; a column of integers in one file and text in the next would make two
+    users of one name."""
+    pq.write_table(pa.table({"u": users, "i": [4, 5], "r": [1.0, 2.0]}), tmp_path / "r0.pq")
+    pq.write_table(pa.table({"u": ["1"], "i": [4], "r": [1.0]}), tmp_path / "r1.pq")
+    with pytest.raises(IngestError, match=message):
+        ingest_file([tmp_path / "r0.pq", tmp_path / "r1.pq"], tmp_path / "s.zarr", "parquet")
     assert_nothing_at(tmp_path / "s.zarr")
 
 
@@ -242,22 +263,24 @@ def test_columns_header_and_delimiter_choices(tmp_path):
     assert_nothing_at(tmp_path / "c.zarr")
 
 
-# name: (lines, whether line 1 is a header)
+# name: (lines, the user ids read)
 HEADER_GUESS = {
-    "quoted numbers": (['"1","10","4"', '"2","20","3"'], False),
-    "quoted rating": (['1,10,"4"', '2,20,"3"'], False),
-    "spaced numbers": (["1, 10, 4 ", "2,20,3"], False),
-    "exponent": (["1,10,1e0", "2,20,3"], False),
-    "quoted header": (['"user","item","rating"', '"1","10","4"'], True),
-    "spaced header": ([" user , item , stars ", "1,10,4"], True),
+    "quoted numbers": (['"1","10","4"', '"2","20","3"'], [1, 2]),
+    "quoted rating": (['1,10,"4"', '2,20,"3"'], [1, 2]),
+    "spaced numbers": (["1, 10, 4 ", "2,20,3"], [1, 2]),
+    "exponent": (["1,10,1e0", "2,20,3"], [1, 2]),
+    "quoted header": (['"user","item","rating"', '"1","10","4"'], [1]),
+    "spaced header": ([" user , item , stars ", "1,10,4"], [1]),
+    "quoted delimiter": (['"Smith, J",item1,5', '"Doe, J",item2,4'], ["Smith, J", "Doe, J"]),
 }
 
 
 @pytest.mark.parametrize("case", list(HEADER_GUESS))
 def test_line_one_is_a_header_only_when_its_rating_reads_as_a_name(tmp_path, case):
-    lines, header = HEADER_GUESS[case]
+    """Line 1 is split as every line is (quotes and all) before it is judged."""
+    lines, users = HEADER_GUESS[case]
     store = ingest_file(write(tmp_path / "r.csv", lines), tmp_path / "s.zarr", test_fraction=0)
-    assert store.ids("rows").tolist() == [1, 2][: len(lines) - header]
+    assert store.ids("rows").tolist() == users
 
 
 # name: (format, extra options, lines)
@@ -309,6 +332,12 @@ def test_arrays_map_ids_and_declared_shape(tmp_path):
     assert contents(dense) == {(f // 8, f % 8): f % 5 + 1.5 for f in flat.tolist()}
 
 
+def test_object_arrays_of_integers_keep_integer_ids(tmp_path):
+    users = np.array([3, np.int64(7), np.int32(3)], object)
+    store = ingest_arrays(tmp_path / "s.zarr", users, [1, 1, 2], [1.0, 2.0, 3.0])
+    assert store.ids("rows").dtype == np.int64 and store.ids("rows").tolist() == [3, 7]
+
+
 def test_dataframe_and_scipy(tmp_path):
     records = make_ratings(8)
     df = pd.DataFrame(records, columns=["who", "what", "stars"])
@@ -345,6 +374,12 @@ def test_arrays_errors(tmp_path):
         ingest_dataframe(df, tmp_path / "a.zarr")
     with pytest.raises(IngestError, match=r"record 1: item id 2\.5 is not a whole number"):
         ingest_arrays(tmp_path / "a.zarr", [0, 1], [1.0, 2.5], [3.0, 2.0])
+    for users, pair in (([1, "1"], "1 and '1'"), ([b"a", "a"], "b'a' and 'a'")):
+        with pytest.raises(IngestError, match=f"^user ids {pair} are different ids that read "):
+            ingest_arrays(tmp_path / "a.zarr", np.array(users, object), [1, 2], [3.0, 2.0])
+    with pytest.raises(IngestError, match=r"ratings of user 0, item 0 \(records 0 and 2\) sum "
+                       r"to 1\.5e\+09, beyond \+-1e\+09"):  # fmt: skip
+        ingest_arrays(tmp_path / "a.zarr", [0, 1, 0], [0, 0, 0], [1e9, 1.0, 5e8], duplicates="sum")
     with pytest.raises(IngestError, match=r"scipy\.sparse"):
         ingest_scipy(np.ones((2, 2)), tmp_path / "a.zarr")
     assert_nothing_at(tmp_path / "a.zarr")
@@ -460,6 +495,19 @@ BAD_TEXT = {
     "not a number id": (["1,2,3", "x,1,1"], 2, "user id 'x' is not an integer", {"m": 3}),
     "duplicate": ([*GOOD, "u3,i3,1"], "lines 4 and 9", "user 'u3', item 'i3'", {}),
     "duplicate with spaces": ([*GOOD, "u3 ,i3\t,1"], "lines 4 and 9", "user 'u3', item 'i3'", {}),
+    "bad rating on line 1": (["1,10,5stars", *GOOD], 1, "rating '5stars' is not a finite", {}),
+    "underscore in rating": ([*GOOD, "a,b,1_0"], 9, "rating '1_0' is not a finite number", {}),
+    "non-ASCII digits": ([*GOOD, "a,b,\u0661\u0660"], 9, "is not a finite number", {}),
+    "blank lines of whitespace": ([*GOOD[:2], " \t ", "\r", "a,b,x"], 5, "rating 'x'", {}),
+    "only delimiters": ([*GOOD[:2], ",,", *GOOD[2:]], 3, "a field is missing", {}),
+    "only quotes": ([*GOOD[:2], '"","",""'], 3, "a field is missing", {}),
+    "only tabs": (["a\tb\t1", "\t\t", "c\td\t2"], 2, "a field is missing", {"format": "tsv"}),
+    "short line, two-character delimiter": (["a::b::1", " ", "c::d"], 3, "a field is missing",
+                                            {"format": "delimited", "delimiter": "::"}),
+    "extra field on line 1": (["1\t10\t5\t88\t99", "2\t20\t3\t88"], 1,
+                              "5 fields where lines have 4", {"format": "movielens-100k"}),
+    "header shorter than data": (["user,item,rating", "1,10,5,123", "2,20,3,456"], 2,
+                                 "4 fields where the header (line 1) names 3", {}),
 }  # fmt: skip
 
 
@@ -495,7 +543,21 @@ def test_bad_options_and_missing_files(tmp_path):
         ingest_file(tmp_path, tmp_path / "s.zarr")
     with pytest.raises(ConfigError, match="unknown format 'xls'"):
         ingest_file(path, tmp_path / "s.zarr", "xls")
+    os.mkfifo(tmp_path / "fifo")
+    for special, kind in ((tmp_path / "fifo", "a pipe"), ("/dev/null", "a device")):
+        with pytest.raises(IngestError, match=f"is {kind}, not a file .* save the ratings"):
+            ingest_file(special, tmp_path / "s.zarr")
     assert_nothing_at(tmp_path / "s.zarr")
+
+
+def test_globs_of_question_marks_and_brackets(tmp_path):
+    write(tmp_path / "r1.csv", ["1,10,5"])
+    write(tmp_path / "r2.csv", ["2,20,3"])
+    for pattern in ("r?.csv", "r[12].csv"):
+        store = ingest_file(str(tmp_path / pattern), tmp_path / f"{pattern}.zarr", test_fraction=0)
+        assert contents(store) == {(1, 10): 5.0, (2, 20): 3.0}
+    with pytest.raises(IngestError, match=r"r\[34\]\.csv: no file matches"):
+        ingest_file(str(tmp_path / "r[34].csv"), tmp_path / "s.zarr")
 
 
 def test_zip_archive_is_refused_by_name(tmp_path):
@@ -552,6 +614,7 @@ def test_ctrl_c_while_reading_is_an_interrupt(tmp_path, monkeypatch, capsys):
         ({"tile_cols": 2.5}, r"'tile_cols' must be an integer"),
         ({"chunk_rows": 0}, r"'chunk_rows' must be >= 1"),
         ({"duplicates": "first"}, r"'duplicates' must be one of 'error', 'last', 'mean'"),
+        ({"duplicates": "sum", "rating_min": 0}, r"duplicates='sum' .* declare no scale"),
     ],
 )
 def test_bad_arguments_are_config_errors(tmp_path, kwargs, match):
@@ -561,6 +624,13 @@ def test_bad_arguments_are_config_errors(tmp_path, kwargs, match):
         ingest_file(path, tmp_path / "s.zarr", **kwargs)
     with pytest.raises(ConfigError, match=match):
         ingest_arrays(tmp_path / "s.zarr", [0, 1], [1, 0], [1.0, 2.0], **kwargs)
+    assert_nothing_at(tmp_path / "s.zarr")
+
+
+@pytest.mark.parametrize("shape", [(2,), 5, (1, 2, 3)])
+def test_a_shape_that_is_no_pair_is_a_config_error(tmp_path, shape):
+    with pytest.raises(ConfigError, match=r"^shape must be \(m, n\)"):
+        ingest_arrays(tmp_path / "s.zarr", [0, 1], [0, 1], [1.0, 2.0], shape)
     assert_nothing_at(tmp_path / "s.zarr")
 
 
@@ -579,6 +649,21 @@ def test_existing_store_survives_bad_input(tmp_path):
         ingest_file(dup, url, overwrite=True)
     assert contents(RatingsStore.open(url)) == before
     assert_no_work_folder(url)
+
+
+def test_remote_store_survives_bad_input(tmp_path):
+    """A remote target is built in place: what the data can fail, it fails before the old
+    store there is touched."""
+    url = f"memory://{tmp_path.name}/s.zarr"
+    try:
+        before = contents(ingest_arrays(url, [1, 2], [1, 2], [1.0, 2.0], test_fraction=0))
+        for duplicates, ratings in (("error", [1.0, 2.0]), ("sum", [9e8, 9e8])):
+            with pytest.raises(IngestError, match=r"duplicate rating|sum to"):
+                ingest_arrays(url, [1, 1], [1, 1], ratings, duplicates=duplicates,
+                              overwrite=True, test_fraction=0)  # fmt: skip
+        assert contents(RatingsStore.open(url)) == before
+    finally:
+        fsspec.filesystem("memory").rm(f"/{tmp_path.name}", recursive=True)
 
 
 # ----------------------------------------------------------------------------- declared sizes
@@ -640,10 +725,13 @@ def test_cli_exit_codes_of_sizes_columns_and_directories(tmp_path, capsys):
         (["--m", "0"], 2, "m must be >= 1"),
         (["--n", "-5"], 2, "n must be >= 1"),
         (["--columns", "0,1"], 2, "columns must name three columns"),
+        (["--columns", "0,1,-1"], 2, "position -1 is negative"),
+        (["--delimiter", ""], 2, "the delimiter '' is empty"),
+        (["-o", ""], 2, "the output path is empty"),
         (["--m", "99999999999999", "--n", "50"], 4, "cannot be built on this machine"),
     ]
     for extra, code, message in cases:
-        assert main(["ingest", path, *extra, "-o", out]) == code
+        assert main(["ingest", path, "-o", out, *extra]) == code
         assert message in capsys.readouterr().err
     (tmp_path / "dir").mkdir()
     assert main(["ingest", str(tmp_path / "dir"), "-o", out]) == 3

@@ -422,6 +422,20 @@ def test_verify_finds_damage_that_opening_does_not(tmp_path, ratings, damage):
     assert "rebuild" in str(err.value)
 
 
+@pytest.mark.parametrize("axis", ["rows", "cols"])
+def test_id_maps_are_whole_even_when_all_zeros_and_verify_reads_them(tmp_path, axis):
+    """Every id chunk is written, one of id 0 only too (zarr skips a chunk that is all its
+    fill value, and any id is possible); a missing one is damage, for int and text ids."""
+    url = str(tmp_path / "s.zarr")
+    store = build_store(url, [0, 0], [0, 1], [1.0, 2.0], row_ids=np.array([0]),
+                        col_ids=np.array(["a", "b"], object))  # fmt: skip
+    assert store.ids("rows").tolist() == [0] and store.ids("cols").tolist() == ["a", "b"]
+    verify_store(store)
+    (Path(url) / "ids" / axis / "c" / "0").unlink()
+    with pytest.raises(StoreError, match=f"damaged store: 'ids/{axis}' .* rebuild it"):
+        verify_store(RatingsStore.open(url))
+
+
 def test_verify_finds_sound_chunks_that_disagree(tmp_path, ratings):
     """Chunks that each pass their checksums but do not belong together: the column bands
     of another store with the same ratings' positions, a held-out band of another split,

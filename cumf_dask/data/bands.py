@@ -223,10 +223,13 @@ def finish_store(
         raise StoreError(f"{url}: by_col holds {col_total} ratings, by_row {nnz}: build failed")
     for axis, ids in (("rows", row_ids), ("cols", col_ids)):
         if ids is not None:
+            # Every id is possible (0 too), so no fill value can mark a chunk missing: every
+            # chunk is written, even one that zarr would skip as all fill (all zeros)
             dtype = str if ids.dtype.kind in "OUST" else ids.dtype
             arr = group.create_array(
                 f"ids/{axis}", shape=ids.shape, chunks=(max(1, min(CHUNK, ids.size)),),
-                dtype=dtype, overwrite=True, **({} if dtype is str else codecs()),
+                dtype=dtype, overwrite=True, config={"write_empty_chunks": True},
+                **({} if dtype is str else codecs()),
             )  # fmt: skip
             arr[:] = ids.astype(object) if dtype is str else ids
     total = sum(s["sum"] for s in row_summaries)

@@ -13,5 +13,5 @@ FORMATS: dict[str, str] = {
     "movielens-1m": "MovieLens 1M/10M ratings.dat: user::item::rating::timestamp",
     "movielens-csv": "MovieLens ratings.csv (ml-latest, 20M, 25M): userId,movieId,rating,...",
     "netflix": "Netflix Prize: 'movie_id:' lines, each followed by user,rating,date lines",
-    "parquet": "Parquet columns user, item, rating (first three unless --columns)",
+    "parquet": "Parquet columns user, item, rating by name, else the first three",
 }

@@ -13,7 +13,10 @@ Ids:
   map is kept in the store (``store.ids("rows")`` / ``store.ids("cols")``). Ids read from text
   are strings; when every id of an axis is a plain integer (``17``, not ``017``) the map is
   stored as int64. In-memory and Parquet ids keep their type, except floats: those must be
-  whole numbers and are stored as int64 (a fraction is an error, never truncated).
+  whole numbers and are stored as int64 (a fraction is an error, never truncated); Python
+  or NumPy integers in an object array are stored as int64, other objects and bytes as
+  text, so two ids that read alike as text (``1`` and ``"1"``, ``b"a"`` and ``"a"``) are an
+  error. An id must be a scalar (a list is an error).
 * A declared size uses the ids as indices directly (no map): they must be integers in
   ``[0, m)`` / ``[0, n)``. A SciPy matrix always declares its shape.
 
@@ -21,17 +24,24 @@ Ratings: a scale may be declared (``rating_min``/``rating_max``, ``--rating-min/
 a rating outside it is an error. Without one, a rating beyond +-1e9
 (:data:`~cumf_dask.checks.MAX_RATING`) is refused as absurd: training runs in float32 and
 squares ratings, so such values would overflow to NaN factors (1e9 leaves ample margin; no
-real scale comes near it).
+real scale comes near it). ``duplicates="sum"`` checks the sums against that limit, and is
+refused with a declared scale (a sum of ratings on a scale may leave it). Text ratings are
+numbers as files write them: ``1_0`` or non-ASCII digits are not numbers.
 
 Errors in the input (a malformed line, a rating that is not a finite number, outside the
 declared scale or beyond +-1e9, an id out of the declared range, an empty file, a repeated
 pair under ``duplicates="error"``, a binary or compressed file read as text) raise one
 :class:`~cumf_dask.errors.IngestError` that names the file and the 1-based line (the record
-for in-memory input). Nothing is left at ``url`` then, and an existing store there is untouched.
+for in-memory input). Nothing is left at ``url`` then, and an existing store there is untouched
+(a remote URL is checked against all of these before it is written; it is written in place,
+so a failure while writing it, such as a lost connection or Ctrl-C, leaves an incomplete
+store there, which never opens, instead of the old one).
 An argument out of range (``test_fraction``, tile sizes, ``chunk_rows``, ``duplicates``, m or n
-below 1, an unknown format, not three columns) is a :class:`~cumf_dask.errors.ConfigError`,
-raised before anything is read. Declared m and n must fit this machine: a store keeps a count
-per row and column (:mod:`.limits`); a shape whose counts exceed the memory available is a
+below 1, a shape that is not (m, n), an unknown format, not three columns or a negative
+position, an empty output path, an empty delimiter or a line break, ``duplicates="sum"``
+with a scale) is a :class:`~cumf_dask.errors.ConfigError`, raised before anything is read.
+Declared m and n must fit this machine: a store keeps a count per row and column
+(:mod:`.limits`); a shape whose counts exceed the memory available is a
 :class:`~cumf_dask.errors.PlanError`, raised before anything is written.
 
 ``progress(stage, done, total)`` is called after each chunk with stage ``"read"`` (bytes of
@@ -42,6 +52,7 @@ input files, or records of in-memory input; total None when unknown), then with 
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from os import PathLike
@@ -120,9 +131,12 @@ def ingest_file(
         (Netflix ``training_set/mv_*.txt``). ``.gz``, ``.bz2``, ``.xz`` are decompressed.
     format : one of :data:`FORMATS`.
     delimiter, header, columns : override the format's (text formats; `columns` also for
-        Parquet): the user, item and rating columns by name or 0-based position.
+        Parquet): the user, item and rating columns by name or 0-based position. Parquet
+        without `columns`: the columns named user, item and rating when it has all three,
+        else the first three.
         ``header=None`` guesses: a header when line 1's rating field reads as a name (it
-        has a letter and is no number and no NA).
+        has a letter and is no number and no NA) and its user and item fields are not both
+        numbers (then it is a data line with a bad rating, an error).
     duplicates : repeated (user, item) pairs: ``"error"``, ``"last"`` (latest line wins),
         ``"mean"`` or ``"sum"`` (counts of implicit feedback).
     m, n : declared numbers of users and items: ids are then indices in [0, m) / [0, n).
@@ -143,11 +157,15 @@ def ingest_file(
     check_scale(rating_min, rating_max)
     overrides = {"delimiter": delimiter, "header": header, "columns": columns}
     given = [key for key, value in overrides.items() if value is not None]
+    if delimiter is not None and (not delimiter or {"\n", "\r"} & set(delimiter)):
+        raise ConfigError(f"the delimiter {delimiter!r} is empty or a line break; give the text "
+                          "between fields (such as ',' or '::'), or leave it out for the "
+                          "format's")  # fmt: skip
     if format == "parquet":
         if delimiter is not None or header is not None:
             raise ConfigError("format 'parquet' takes no delimiter or header (only columns)")
         files = Files(path, unit="row")
-        chunks = read_parquet(files, _three(columns or (0, 1, 2)), chunk_rows)
+        chunks = read_parquet(files, None if columns is None else _three(columns), chunk_rows)
     else:
         if format == "netflix" and given:
             raise ConfigError(f"format 'netflix' is fixed: drop {', '.join(given)}")
@@ -197,6 +215,7 @@ def ingest_arrays(
     """
     check_positive_int("chunk_rows", chunk_rows)
     check_scale(rating_min, rating_max)
+    m, n = declared_shape(shape)
     users, items, ratings = np.asarray(users), np.asarray(items), np.asarray(ratings)
     if not (users.ndim == items.ndim == ratings.ndim == 1) or not (
         users.shape == items.shape == ratings.shape
@@ -205,7 +224,6 @@ def ingest_arrays(
             "users, items and ratings must be 1-D arrays of one length; got shapes "
             f"{users.shape}, {items.shape}, {ratings.shape}"
         )
-    m, n = shape if shape is not None else (None, None)
     return ingest_chunks(
         read_arrays(users, items, ratings, chunk_rows), url, Records(len(ratings)),
         with_scale(source or {"kind": "arrays"}, rating_min, rating_max), m, n,
@@ -269,7 +287,16 @@ class _Axis:
             return self._check(ids, seq, records)
         if ids.dtype.kind == "f":  # e.g. an integer column with a NaN: whole numbers only
             ids = self._whole(ids, seq, records)
-        codes, uniques = pd.factorize(ids)
+        try:
+            codes, uniques = pd.factorize(ids)
+        except TypeError:  # an unhashable id (a list, an array); anything else is a bug
+            k = next((k for k, v in enumerate(ids) if not _hashable(v)), None)
+            if k is None:
+                raise
+            raise IngestError(
+                f"{records.where(seq[k])}: the {self.noun} id {show(ids[k])[:40]} is not a "
+                f"scalar (type {type(ids[k]).__name__}); ids must be scalars: numbers or text"
+            ) from None
         if (codes < 0).any():
             where = records.where(seq[np.argmax(codes < 0)])
             raise IngestError(f"{where}: the {self.noun} id is missing; fix or remove it")
@@ -310,8 +337,9 @@ class _Axis:
     def finish(self, text_ids: bool) -> np.ndarray | None:
         """The map from indices to ids (None for a declared size); kept in `labels`."""
         if self.size is None:
-            ids = np.concatenate(self._new)
-            self.labels = _integer_ids(ids) if text_ids else ids
+            mixed = len({a.dtype for a in self._new}) > 1  # e.g. ints in one file, text in one
+            ids = np.concatenate(self._new, dtype=object if mixed else None)
+            self.labels = _integer_ids(ids) if text_ids else _stored_ids(ids, self.noun)
         return self.labels
 
     def label(self, index: int) -> str:
@@ -335,6 +363,7 @@ def ingest_chunks(
     `chunks` of raw records, numbered as `records` describes (:mod:`.readers`); m, n the
     declared sizes (None: ids mapped); builder options as for :class:`StoreBuilder`.
     """
+    _check_sum_scale(builder_options.get("duplicates", "error"), scale)
     builder = StoreBuilder(str(url), m=m, n=n, **builder_options)
     users, items = _Axis("user", "m", m), _Axis("item", "n", n)
     count = 0
@@ -350,6 +379,7 @@ def ingest_chunks(
         if count == 0:
             hint = "" if type(records) is Records else " (an empty file, or only a header)"
             raise IngestError(f"{records.name}: no ratings found{hint}")
+        row_ids, col_ids = users.finish(records.text_ids), items.finish(records.text_ids)
     except BaseException:
         builder.abort()
         raise
@@ -358,9 +388,20 @@ def ingest_chunks(
         return f"user {users.label(row)}, item {items.label(col)} ({records.pair(a, b)})"
 
     return builder.finalize(
-        source=source, row_ids=users.finish(records.text_ids),
-        col_ids=items.finish(records.text_ids), describe=describe, progress=progress,
-    )  # fmt: skip
+        source=source, row_ids=row_ids, col_ids=col_ids, describe=describe, progress=progress
+    )
+
+
+def _check_sum_scale(duplicates: str, scale: Scale) -> None:
+    """A declared scale bounds each rating, and summed repeats may pass it (3 plays of at
+    most 5 make 15): 'sum' with a scale is refused rather than the sums refused or the scale
+    recorded wrong."""
+    if duplicates == "sum" and scale != (None, None):
+        raise ConfigError(
+            "duplicates='sum' (--duplicates sum) adds repeated ratings up, so a sum may leave "
+            "the declared rating scale (rating_min/rating_max, --rating-min/--rating-max); "
+            "declare no scale with 'sum', or choose 'last' or 'mean'"
+        )
 
 
 def _ratings(chunk: Chunk, records: Records, scale: Scale) -> np.ndarray:
@@ -370,10 +411,7 @@ def _ratings(chunk: Chunk, records: Records, scale: Scale) -> np.ndarray:
     if getattr(dtype, "kind", "") in ("c", "m", "M"):  # complex, timedelta, datetime
         raise IngestError(f"ratings of dtype {dtype} are not real numbers; convert them to "
                           "an integer or float dtype first")  # fmt: skip
-    try:
-        values = np.asarray(chunk.ratings, dtype=np.float64)
-    except (TypeError, ValueError):  # text that is not a number: find it
-        values = np.asarray(pd.to_numeric(chunk.ratings, errors="coerce"), dtype=np.float64)
+    values = _numbers(chunk.ratings)
     low, high = scale
     ok = np.isfinite(values)
     if low is None and high is None:
@@ -401,6 +439,27 @@ def _ratings(chunk: Chunk, records: Records, scale: Scale) -> np.ndarray:
     )
 
 
+def _numbers(ratings: Any) -> np.ndarray:
+    """Ratings as float64, NaN for each that is not a number. Text is read as the formats
+    write numbers: float() alone would also take '1_0' (as 10) and non-ASCII digits."""
+    ratings = np.asarray(ratings)
+    if ratings.dtype.kind not in "OU" or _plain_text(ratings):
+        try:
+            return np.asarray(ratings, dtype=np.float64)
+        except (TypeError, ValueError):  # text that is not a number: found below
+            pass
+    return np.asarray(pd.to_numeric(ratings, errors="coerce"), dtype=np.float64)
+
+
+def _plain_text(values: np.ndarray) -> bool:
+    """Whether `values` are all text of ASCII characters without '_' (one fast scan)."""
+    try:
+        text = "".join(values)
+    except TypeError:  # not all text
+        return False
+    return text.isascii() and "_" not in text
+
+
 def with_scale(source: dict[str, Any], low: float | None, high: float | None) -> dict:
     """The store's provenance, with the declared scale when there is one."""
     if low is None and high is None:
@@ -417,12 +476,74 @@ def _integer_ids(ids: np.ndarray) -> np.ndarray:
     return ints if (ints.astype(str) == ids.astype(str)).all() else ids
 
 
+def _stored_ids(ids: np.ndarray, noun: str) -> np.ndarray:
+    """Mapped ids as the store keeps them: an object array of integers (Python or NumPy,
+    not bools) as int64; other objects and bytes as text, where two ids that read alike
+    (1 and '1', b'a' and 'a') would be two users of one name: refused."""
+    if ids.dtype.kind not in "OS":  # numbers, or text (kind U) of one type
+        return ids
+    kind = pd.api.types.infer_dtype(ids, skipna=False)
+    if kind == "integer":
+        try:
+            return ids.astype(np.int64)
+        except OverflowError:  # beyond int64: kept as text
+            pass
+    if kind == "string":
+        return ids
+    text = np.array([_as_text(v) for v in ids], dtype=object)
+    again = pd.Index(text).duplicated()
+    if again.any():
+        j = int(np.argmax(again))
+        i = int(np.argmax(text == text[j]))
+        raise IngestError(
+            f"{noun} ids {show(ids[i])} and {show(ids[j])} are different ids that read alike "
+            f"as text ({text[j]!r}), which is how the store keeps them; give the ids one type "
+            "(all numbers, or all text)"
+        )
+    return text
+
+
+def _as_text(value: Any) -> str:
+    """An id as text: bytes decoded (as zarr stores them), anything else str()."""
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def declared_shape(shape: Any) -> tuple[Any, Any]:
+    """(m, n) of a declared shape, (None, None) for none; not a pair is a usage error (the
+    sizes themselves are checked by the builder)."""
+    if shape is None:
+        return None, None
+    try:
+        m, n = shape
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"shape must be (m, n), the numbers of users and items (either None: those ids "
+            f"are mapped); got {shape!r}"
+        ) from None
+    return m, n
+
+
 def _three(columns: Sequence[Column]) -> tuple[Column, Column, Column]:
-    """The user, item and rating columns; another number of them is a usage error."""
+    """The user, item and rating columns; another number of them, or a negative position,
+    is a usage error."""
     if isinstance(columns, str) or len(columns) != 3:
         raise ConfigError(
             f"columns must name three columns (user, item, rating), got {columns!r}; give "
             "them in that order, by name or 0-based position (--columns 0,1,2)"
+        )
+    negative = next((c for c in columns if re.fullmatch(r"-\d+", str(c).strip())), None)
+    if negative is not None:
+        raise ConfigError(
+            f"columns {list(columns)!r}: position {negative} is negative; positions are "
+            "0-based, from the first column (0) on"
         )
     user, item, rating = columns
     return user, item, rating

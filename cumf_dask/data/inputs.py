@@ -24,7 +24,14 @@ import numpy as np
 
 from ..checks import check_scale
 from ..errors import ConfigError
-from .ingest import ingest_arrays, ingest_chunks, ingest_dataframe, ingest_scipy, with_scale
+from .ingest import (
+    declared_shape,
+    ingest_arrays,
+    ingest_chunks,
+    ingest_dataframe,
+    ingest_scipy,
+    with_scale,
+)
 from .readers import Chunk, Records
 from .store import RatingsStore
 
@@ -74,7 +81,7 @@ def ingest_dask(
     """Build a store from a Dask DataFrame (user, item, rating columns) or a Dask array of
     (user, item, rating) rows, one partition at a time (on `client` when given, else on
     Dask's default scheduler); ids as for ingest_arrays."""
-    m, n = shape if shape is not None else (None, None)
+    m, n = declared_shape(shape)
     if hasattr(data, "columns"):
         cols = list(_columns(data.columns))
         parts = data[cols].to_delayed()

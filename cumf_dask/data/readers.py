@@ -9,9 +9,13 @@ for error messages.
 
 from __future__ import annotations
 
+import bisect
+import glob
 import io
 import itertools
+import os
 import re
+import stat
 import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -48,7 +52,7 @@ class TextFormat:
 
     delimiter: str | None  # None: runs of whitespace
     columns: tuple[Column, Column, Column] = (0, 1, 2)  # user, item, rating: name or position
-    header: bool | None = None  # None: a header if line 1's rating field reads as a name
+    header: bool | None = None  # None: guessed from line 1 (:func:`_is_header`)
     fields: int | None = None  # fields per line (None: as many as line 1 has)
     blocks: bool = False  # Netflix: a line `movie_id:` heads a block of `user,rating,date` lines
 
@@ -80,8 +84,9 @@ class Files(Records):
 
     def __init__(self, path: str | PathLike[str] | Sequence[str | PathLike[str]], unit: str):
         paths = [str(p) for p in path] if isinstance(path, (list, tuple)) else str(path)
-        self.files = fsspec.open_files(paths, "rb", compression="infer")
         self.name = paths if isinstance(paths, str) else ", ".join(paths)
+        paths = _glob(paths) if isinstance(paths, str) else paths
+        self.files = fsspec.open_files(paths, "rb", compression="infer") if paths else []
         if not self.files:
             raise IngestError(f"{self.name}: no file matches; check the path")
         self.names = [
@@ -99,6 +104,12 @@ class Files(Records):
                 raise IngestError(
                     f"{name}: is a directory, not a ratings file; give a file in it, or a glob "
                     f"of its files (such as '{name.rstrip('/')}/*.csv')"
+                )
+            special = _special(f.path) if isinstance(f.fs, LocalFileSystem) else None
+            if special:
+                raise IngestError(
+                    f"{name}: is {special}, not a file (ingest reads its input more than "
+                    "once); save the ratings to a file first and give that"
                 )
             raise IngestError(f"{name}: no such file; check the path")
         sizes = [f.fs.size(f.path) for f in self.files]
@@ -134,6 +145,31 @@ class Files(Records):
                 stack.enter_context(compr[f.compression](raw, mode="rb")) if f.compression else raw
             )
             yield data, raw
+
+
+def _glob(path: str) -> str | list[str]:
+    """`path`, or the files it matches when it is a glob with ? or [...] and no file of that
+    very name (fsspec expands only '*'; in a web address, ? starts the query)."""
+    if "*" in path or not glob.has_magic(path) or path.startswith(("http://", "https://")):
+        return path
+    fs, local = fsspec.core.url_to_fs(path)
+    if fs.exists(local):
+        return path
+    return [fs.unstrip_protocol(p) for p in sorted(fs.glob(local)) if not fs.isdir(p)]
+
+
+def _special(path: str) -> str | None:
+    """What a local path that is neither a file nor a folder is ('a pipe', 'a device', ...),
+    None when nothing is there."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a pipe"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device"
 
 
 def _members(f: fsspec.core.OpenFile) -> str:
@@ -174,28 +210,28 @@ _COMMENT = ("#", "%")  # how a comment line starts, to name one where it breaks 
 
 
 def read_text(files: Files, spec: TextFormat, chunk_rows: int) -> Iterator[Chunk]:
-    """Stream delimited text files in chunks of `chunk_rows` lines; blank lines are skipped."""
+    """Stream delimited text files in chunks of `chunk_rows` lines; blank lines (empty or
+    whitespace only) are skipped."""
     for k in range(len(files)):
         yield from _read_text_file(files, k, spec, chunk_rows)
 
 
 def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> Iterator[Chunk]:
     skip, positions, fields = _layout(files, k, spec)
-    sep = r"\s+" if spec.delimiter is None else spec.delimiter
-    multi = len(sep) > 1 and spec.delimiter is not None
     line, carry = 1 + skip, None
+    separator = _separator(spec.delimiter)
     with _text_errors(files.names[k]), files.open(k) as (data, raw):
-        stream = _Spaces(data, spec.delimiter)
+        stream = _Watched(data, spec.delimiter)
         reader = pd.read_csv(
-            stream, sep=re.escape(sep) if multi else sep, engine="python" if multi else "c",
-            header=None, names=list(range(fields)), index_col=False, skiprows=skip,
-            dtype=object, na_filter=False, skip_blank_lines=False, skipinitialspace=True,
-            chunksize=chunk_rows,
+            stream, header=None, names=list(range(fields)), skiprows=skip, chunksize=chunk_rows,
+            **_PARSE, **separator,
         )  # fmt: skip
         for table in reader:
+            if separator["engine"] == "python":  # it gives a field that a line lacks as None
+                table = table.fillna("")
             seq = files.seq(k, line, len(table))
             line += len(table)
-            filled = ~(table == "").all(axis=1).to_numpy()
+            filled = ~_blank_rows(table, seq - k * FILE_STRIDE, stream.blank_lines(line - 1))
             table, seq = table[filled], seq[filled]
             if spec.blocks:
                 table, seq, carry = _netflix_blocks(table, seq, carry, files)
@@ -218,27 +254,65 @@ def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> 
             yield Chunk(*cols, seq, files.start[k] + raw.tell())
 
 
+# How every line is parsed (pandas): fields as text, nothing read as NA, leading whitespace
+# skipped, blank lines kept (so that rows keep their line numbers)
+_PARSE: dict[str, Any] = {
+    "dtype": object, "index_col": False, "na_filter": False, "skip_blank_lines": False,
+    "skipinitialspace": True,
+}  # fmt: skip
+
+
+def _separator(delimiter: str | None) -> dict[str, str]:
+    """pandas' separator and engine for `delimiter`: the fast C parser, or Python's for a
+    delimiter of several characters (matched literally)."""
+    if delimiter is None:
+        return {"sep": r"\s+", "engine": "c"}
+    if len(delimiter) > 1:
+        return {"sep": re.escape(delimiter), "engine": "python"}
+    return {"sep": delimiter, "engine": "c"}
+
+
+def _split(line: str, delimiter: str | None) -> list[str] | None:
+    """The fields of one line, split as the parser splits every line (quotes and all); None
+    when the line cannot be parsed alone (a quoted field goes on in the next line)."""
+    try:
+        table = pd.read_csv(io.StringIO(line), header=None, **_PARSE, **_separator(delimiter))
+    except pd.errors.ParserError:
+        return None
+    return [str(f) for f in table.iloc[0]]
+
+
+def _blank_rows(table: pd.DataFrame, lines: np.ndarray, blank: np.ndarray) -> np.ndarray:
+    """Which rows are blank lines. The parser reads a blank line as empty fields, as it
+    reads a line of only delimiters (whose fields are missing: an error), so the stream says
+    which `lines` were `blank`; a row must also be empty to be dropped."""
+    at = np.isin(lines, blank)
+    if at.any():
+        at[at] = table[at].map(str.strip).eq("").all(axis=1).to_numpy()
+    return at
+
+
 def _layout(files: Files, k: int, spec: TextFormat) -> tuple[int, list[int], int]:
     """(lines before the ratings: the header's line number, or 0; positions of the user, item
-    and rating columns; fields per line), from the first line that is not blank."""
-    with _text_errors(files.names[k]), files.open(k) as (data, _):
+    and rating columns; fields per line), from the first line that is not blank. The first
+    data line may not have more fields than that, as no later line may (the parser would
+    drop the extra fields of the first with a warning)."""
+    name = files.names[k]
+    with _text_errors(name), files.open(k) as (data, _):
         head = data.read(_SNIFF)
         kind = binary_kind(head)
         if kind is not None:
-            raise IngestError(f"{files.names[k]}: not a text file: {kind}")
-        number, first_bytes = _first_line(head, data)
-        first = first_bytes.decode("utf-8-sig", errors="replace").rstrip("\r\n")
-    where = f"{files.names[k]}, line {number}"
-    if not first.strip():
+            raise IngestError(f"{name}: not a text file: {kind}")
+        lines = _first_lines(head, data, 2)
+    if not lines:
         raise IngestError(
-            f"{where}: the file is empty (or only blank lines); give a file with one rating "
-            "per line"
+            f"{name}, line 1: the file is empty (or only blank lines); give a file with one "
+            "rating per line"
         )
-    fields = first.split(spec.delimiter) if spec.delimiter else first.split()
-    header = spec.header
-    if header is None:
-        rating = spec.columns[2]
-        header = isinstance(rating, str) or (rating < len(fields) and _is_name(fields[rating]))
+    number, first = lines[0]
+    where = f"{name}, line {number}"
+    fields = _split(first, spec.delimiter) or first.split(spec.delimiter)
+    header = spec.header if spec.header is not None else _is_header(fields, spec.columns)
     labels = [_unquote(f) for f in fields] if header else []
     count = spec.fields or len(fields)
     try:
@@ -250,23 +324,51 @@ def _layout(files: Files, k: int, spec: TextFormat) -> tuple[int, list[int], int
                 "supported: remove them"
             ) from None
         raise
+    line, width = number, len(fields)  # the first data line: line 1, or the one after a header
+    if header:
+        line, text = lines[1] if len(lines) > 1 else (number, "")
+        width = len(_split(text, spec.delimiter) or []) if text else 0
+    if width > count:
+        raise _too_many(name, line, width, count, number if header else None)
     return number if header else 0, positions, count
 
 
-def _first_line(head: bytes, data: IO[bytes]) -> tuple[int, bytes]:
-    """(number, bytes) of the first line that is not blank, (1, b"") if none: `head` is what
-    was read of `data`, which is read on in blocks (a zstd stream has no readline)."""
+def _is_header(fields: list[str], columns: tuple[Column, Column, Column]) -> bool:
+    """Whether line 1 is a header: the rating column is given by name, or its rating field
+    reads as a name and its user and item fields are not both numbers (then it is a data
+    line with a bad rating, which is named as such)."""
+    user, item, rating = columns
+    if isinstance(rating, str):
+        return True
+
+    def number(column: Column) -> bool:
+        return isinstance(column, int) and column < len(fields) and _is_number(fields[column])
+
+    return rating < len(fields) and _is_name(fields[rating]) and not (number(user) and number(item))
+
+
+def _first_lines(head: bytes, data: IO[bytes], count: int) -> list[tuple[int, str]]:
+    """(number, text) of the first `count` lines that are not blank (fewer when there are
+    not as many): `head` is what was read of `data`, which is read on in blocks (a zstd
+    stream has no readline)."""
+    found: list[tuple[int, str]] = []
     number, parts = 1, []
     for block in itertools.chain([head], iter(lambda: data.read(_SNIFF), b"")):
         *ends, rest = block.split(b"\n")
         for end in ends:
             line, parts = b"".join([*parts, end]), []
             if line.strip():
-                return number, line
+                found.append((number, _decode(line)))
+                if len(found) == count:
+                    return found
             number += 1
         parts.append(rest)
     line = b"".join(parts)
-    return (number, line) if line.strip() else (1, b"")
+    return [*found, (number, _decode(line))] if line.strip() else found
+
+
+def _decode(line: bytes) -> str:
+    return line.decode("utf-8-sig", errors="replace").rstrip("\r\n")
 
 
 _SNIFF = 8192  # bytes looked at to tell text from binary data
@@ -284,15 +386,21 @@ _MAGIC = (
 )  # fmt: skip
 
 
-class _Spaces(io.RawIOBase):
-    """The stream pandas parses, noting whether a space or a tab that is not the delimiter
-    went by: only then may a field end in whitespace, and are fields stripped (a Python call
-    per value: too slow for every file)."""
+class _Watched(io.RawIOBase):
+    """The stream pandas parses, watched as it goes by: whether a space or a tab that is not
+    the delimiter went by (only then may a field end in whitespace, and are fields stripped:
+    a Python call per value, too slow for every file), and which lines are blank (empty or
+    whitespace other than the delimiter: pandas reads them as it reads a line of only
+    delimiters)."""
 
     def __init__(self, data: IO[bytes], delimiter: str | None):
         super().__init__()
         self.data, self.spaced = data, False
         self.marks = [m for m in (b" ", b"\t") if delimiter not in (None, m.decode())]
+        self.blank: list[int] = []  # numbers of the blank lines read and not yet taken
+        self._line, self._tail = 1, b""  # the number of the line that `_tail` begins
+        space = bytes(c for c in b" \t\r\f\v" if delimiter is None or chr(c) not in delimiter)
+        self._blank = re.compile(rb"\n[" + re.escape(space) + rb"]*(?=\n)")  # a blank line
 
     def readable(self) -> bool:
         return True
@@ -300,7 +408,27 @@ class _Spaces(io.RawIOBase):
     def read(self, size: int = -1) -> bytes:
         block = self.data.read(size)
         self.spaced = self.spaced or any(m in block for m in self.marks)
+        self._note_blank(block)
         return block
+
+    def _note_blank(self, block: bytes) -> None:
+        """Note the blank lines that `block` completes (all that are left, at the end)."""
+        text = self._tail + block
+        end = text.rfind(b"\n") + 1 if block else len(text)
+        done = b"\n" + text[:end] + (b"" if block or not text else b"\n")
+        self._tail = text[end:]
+        line, at = self._line, 0
+        for match in self._blank.finditer(done):
+            line += done.count(b"\n", at, match.start())
+            at = match.start()
+            self.blank.append(line)
+        self._line += done.count(b"\n") - 1
+
+    def blank_lines(self, last: int) -> np.ndarray:
+        """The numbers of the blank lines up to line `last`, which are then forgotten."""
+        k = bisect.bisect_right(self.blank, last)
+        taken, self.blank = self.blank[:k], self.blank[k:]
+        return np.array(taken, np.int64)
 
 
 def binary_kind(head: bytes) -> str | None:
@@ -356,14 +484,23 @@ def _text_errors(name: str) -> Iterator[None]:
         if found is None:
             raise IngestError(f"{name}: cannot parse the file: {exc}") from None
         want, line, saw = found.groups()
-        raise IngestError(
-            f"{name}, line {line}: {saw} fields where lines have {want}; fix or remove the line "
-            "(or check the delimiter)"
-        ) from None
+        raise _too_many(name, int(line), int(saw), int(want)) from None
     except UnicodeDecodeError as exc:
         raise IngestError(f"{name}: not UTF-8 text ({exc}); is the format right?") from None
     except (OSError, EOFError) as exc:
         raise IngestError(f"{name}: cannot read the file ({exc})") from None
+
+
+def _too_many(name: str, line: int, saw: int, want: int, header: int | None = None) -> IngestError:
+    """The error of a line with more fields than lines have (than the header on line
+    `header` names)."""
+    if header is None:
+        return IngestError(f"{name}, line {line}: {saw} fields where lines have {want}; fix or "
+                           "remove the line (or check the delimiter)")  # fmt: skip
+    return IngestError(
+        f"{name}, line {line}: {saw} fields where the header (line {header}) names {want}; "
+        "name every field in the header, or fix the line (or check the delimiter)"
+    )
 
 
 def _unquote(field: str) -> str:
@@ -395,8 +532,15 @@ def _show_sep(delimiter: str | None) -> str:
 # ----------------------------------------------------------------------------- parquet
 
 
-def read_parquet(files: Files, columns: Sequence[Column], chunk_rows: int) -> Iterator[Chunk]:
-    """Stream Parquet files batch by batch (pyarrow), `chunk_rows` rows at a time."""
+_PARQUET_NAMES = ("user", "item", "rating")  # a Parquet file's columns, by name if all there
+
+
+def read_parquet(
+    files: Files, columns: Sequence[Column] | None, chunk_rows: int
+) -> Iterator[Chunk]:
+    """Stream Parquet files batch by batch (pyarrow), `chunk_rows` rows at a time. Without
+    `columns`, a file's columns named user, item and rating when it has all three, else its
+    first three (in that order)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -405,7 +549,9 @@ def read_parquet(files: Files, columns: Sequence[Column], chunk_rows: int) -> It
             with files.open(k) as (data, _):
                 pf = pq.ParquetFile(data)
                 labels = pf.schema_arrow.names
-                names = [labels[position(c, labels, len(labels), name)] for c in columns]
+                named = set(_PARQUET_NAMES) <= set(labels)
+                chosen = columns or (_PARQUET_NAMES if named else (0, 1, 2))
+                names = [labels[position(c, labels, len(labels), name)] for c in chosen]
                 rows, total = 0, max(pf.metadata.num_rows, 1)
                 for batch in pf.iter_batches(
                     batch_size=chunk_rows, columns=list(dict.fromkeys(names))

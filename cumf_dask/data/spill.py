@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..checks import MAX_RATING, check_choice, check_fraction, check_positive_int
-from ..errors import CumfWarning, IngestError
+from ..errors import ConfigError, CumfWarning, IngestError
 from ..locks import owner_is_dead, owner_record, read_owner
 from ..paths import disk_full_as, is_url, normalize_url
 from .bands import band_order_key, finish_store, init_store, transpose_band, write_band
@@ -76,6 +76,8 @@ class StoreBuilder:
         spill_dir: str | None = None,
         split: SplitKind = "pairs",
     ):
+        if not str(url).strip():
+            raise ConfigError("the output path is empty; give the store's path or URL (-o)")
         check_fraction("test_fraction", test_fraction)
         check_choice("split", split, SPLITS)
         check_choice("duplicates", duplicates, DUPLICATE_POLICIES)
@@ -187,7 +189,9 @@ class StoreBuilder:
         """Write every band, then the column bands, then mark the store complete.
 
         On any error the partial store is removed, so nothing incomplete is left behind (a
-        full disk is one StoreError naming the folder).
+        full disk is one StoreError naming the folder). A remote target is written in place,
+        so its row bands are resolved once before it is touched, for what the data can fail
+        (repeats under 'error', sums beyond the limit): bad data leaves the old store whole.
         """
         with writing(self.url):
             return self._write_store(source, row_ids, col_ids, describe, progress)
@@ -222,12 +226,17 @@ class StoreBuilder:
             tile_rows = self._store_tile_rows(m, n)
             tile_cols = self.tile_cols or default_tile(n, m, self._records)
             check_tiles(m, n, self._records, tile_rows, tile_cols)
-            init_store(work, m, n, tile_rows, tile_cols, overwrite=local or self.overwrite)
             n_row_tiles = math.ceil(m / tile_rows)
             n_col_tiles = math.ceil(n / tile_cols)
             by_user = self.split == "users" and self.test_fraction > 0
             has_test = by_user or any(k == "test" for k, _ in self._bands)
             kinds = ("row", "test") if has_test else ("row",)
+            if not local:  # built in place: bad data must fail before the target is touched
+                spilled = ("row",) if by_user else kinds  # by user: test cut from row spills
+                checks = [(kind, band, tile_rows, tile_cols, describe) for kind in spilled
+                          for band in range(n_row_tiles)]  # fmt: skip
+                run_tasks(None, self._check_row_band, checks, "check", None)
+            init_store(work, m, n, tile_rows, tile_cols, overwrite=local or self.overwrite)
             steps = len(kinds) * n_row_tiles + n_col_tiles
 
             def report(_stage: str, done: int, _total: int, before: int = 0) -> None:
@@ -278,8 +287,32 @@ class StoreBuilder:
         tile_cols: int,
         describe: Callable[[int, int, int, int], str] | None,
     ) -> dict[str, float]:
-        """Write row (or test) band `band` from its spill files (tile_rows // self.tile_rows
-        of them): duplicates resolved and the band's storage order in one sort; with
+        """Write row (or test) band `band`."""
+        r, c, v = self._row_band(kind, band, tile_rows, tile_cols, describe)
+        return write_band(work, kind, band, r, c, v)
+
+    def _check_row_band(
+        self,
+        kind: str,
+        band: int,
+        tile_rows: int,
+        tile_cols: int,
+        describe: Callable[[int, int, int, int], str] | None,
+    ) -> None:
+        """Resolve row (or test) band `band` only, for what its data can fail (repeats under
+        'error', sums beyond the limit), before a remote target is written."""
+        self._row_band(kind, band, tile_rows, tile_cols, describe)
+
+    def _row_band(
+        self,
+        kind: str,
+        band: int,
+        tile_rows: int,
+        tile_cols: int,
+        describe: Callable[[int, int, int, int], str] | None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Row (or test) band `band` from its spill files (tile_rows // self.tile_rows of
+        them): duplicates resolved and the band's storage order in one sort; with
         split="users" the test share taken here."""
         by_user = self.split == "users" and self.test_fraction > 0
         source_kind = "row" if by_user else kind
@@ -288,7 +321,7 @@ class StoreBuilder:
                    if (source_kind, b) in self._bands]  # fmt: skip
         if not spilled:
             empty = np.zeros(0, np.int64)
-            return write_band(work, kind, band, empty, empty, np.zeros(0, np.float32))
+            return empty, empty, np.zeros(0, np.float32)
         parts = [self._load(*key) for key in spilled]
         r, c, v, s = (np.concatenate(arrays) for arrays in zip(*parts, strict=True))
         key = band_order_key(r, c, band * tile_rows, tile_rows, tile_cols)
@@ -297,7 +330,7 @@ class StoreBuilder:
             test = user_split_mask(r, c, self.test_fraction, self.split_seed)
             keep = test if kind == "test" else ~test
             r, c, v = r[keep], c[keep], v[keep]
-        return write_band(work, kind, band, r, c, v)
+        return r, c, v
 
     def abort(self) -> None:
         """Drop the spill files (the store itself was not created yet) and the lock."""

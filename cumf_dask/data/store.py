@@ -338,12 +338,17 @@ class RatingsStore:
         return self.nnz_test > 0
 
     def ids(self, axis: Literal["rows", "cols"]) -> np.ndarray | None:
-        """The original ids of rows or columns (None when they are 0..m-1 / 0..n-1)."""
+        """The original ids of rows or columns (None when they are 0..m-1 / 0..n-1). Every
+        chunk must be there: a missing one would read as its fill value, a possible id."""
         path = f"ids/{axis}"
         group = self._group
         if path not in group:
             return None
         ids = group[path]
+        size = self.m if axis == "rows" else self.n
+        if ids.shape != (size,) or ids.nchunks_initialized < ids.nchunks:
+            raise StoreError(f"{self.url}: damaged store: '{path}' is not the {size} ids it "
+                             "should be (a chunk is missing?); rebuild it")  # fmt: skip
         if ids.dtype.kind in "iu":
             (values,) = self.read([(path, 0, None)])
             return values

@@ -3,7 +3,9 @@
 A build never replaces anything but a cumf-dask store, and a store only when asked
 (:func:`check_target`). A local build writes beside its target (:func:`work_url`) and is
 moved into place only once complete (:func:`publish`), so an interrupted build leaves the
-old store whole; a remote (fsspec URL) build writes in place and is marked complete last.
+old store whole; a remote (fsspec URL) build writes in place and is marked complete last
+(the builder checks all of its data before it writes there, so only a failure while writing
+leaves an incomplete store in place of the old one).
 
 A build holds its target's writer lock (:func:`claim`: ``<store>.lock``, checked writable
 before any input is read); under it, what a killed build of the same target left (its

@@ -5,7 +5,7 @@ fit needs it. :func:`verify_store` reads every band now, on a thread pool, and c
 one band cannot show alone: each band holds the ratings ``band_nnz`` says, every row and
 column holds the ratings ``row_nnz`` / ``col_nnz`` say (counted in both orientations), both
 orientations hold the same ratings (an order-free digest of (row, column, value)), and the
-values match the store's ``stats``.
+values match the store's ``stats``. The id maps are read whole too (every chunk there).
 """
 
 from __future__ import annotations
@@ -127,6 +127,8 @@ def verify_store(store: RatingsStore, progress: Progress | None = None) -> dict[
     if by_row.digest != by_col.digest:
         raise StoreError(f"{where}: the row and column bands hold different ratings; rebuild it")
     _check_stats(store, by_row)
+    for axis in ("rows", "cols"):
+        store.ids(axis)  # read whole, every chunk checked: damage is a StoreError
     held_out = 0
     if store.has_test:
         held_out = int(_read_orientation(store, "row", "test", progress).minor_counts.sum())
