@@ -27,9 +27,9 @@ folder keeps two) and says so with a :class:`~cumf_dask.errors.CumfWarning`.
 from __future__ import annotations
 
 import errno
-import glob
 import json
 import os
+import re
 import shutil
 import uuid
 import warnings
@@ -53,6 +53,7 @@ CHECKPOINT_FORMAT = "cumf-dask-checkpoint"
 MODEL_VERSION = 2  # 2: per-chunk CRC-32 digests in attrs["digests"] (1: none, read unchecked)
 ROW_CHUNK = 65536
 DIGEST = "crc32"
+SUFFIX = "[0-9a-f]{8}"  # a temporary name's random part: uuid4().hex[:8]
 Compute = Callable[[Sequence[Any]], Sequence[Any]]  # computes Dask collections, returns results
 
 
@@ -145,8 +146,13 @@ def _leftovers(path: Path) -> list[Path]:
     complete but not renamed in) and ``.old-*`` (the one it replaced)."""
     if not path.parent.is_dir():
         return []
-    name = glob.escape(path.name)
-    return [p for prefix in (".tmp-", ".old-") for p in path.parent.glob(f"{prefix}{name}-*")]
+    mine = re.compile(rf"\.(tmp|old)-{re.escape(path.name)}-{SUFFIX}")
+    return sorted(p for p in path.parent.iterdir() if mine.fullmatch(p.name))
+
+
+def interrupted_copies(path: Path) -> list[str]:
+    """The names of the complete copies an interrupted save of `path` left beside it."""
+    return sorted(p.name for p in _leftovers(path) if _is_complete(p))
 
 
 def _is_complete(path: Path) -> bool:
@@ -179,9 +185,14 @@ def _settle_leftovers(path: Path) -> None:
 
 
 def _remove(path: Path) -> str:
-    """Delete a leftover folder; 'removed NAME (SIZE)' for the warning that reports it."""
-    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    shutil.rmtree(path, ignore_errors=True)
+    """Delete a leftover folder or file; 'removed NAME (SIZE)' for the warning that reports
+    it."""
+    if not path.is_dir():
+        size = path.stat().st_size
+        path.unlink(missing_ok=True)
+    else:
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        shutil.rmtree(path, ignore_errors=True)
     return f"removed {path.name} ({_mb(size)})"
 
 
@@ -246,16 +257,63 @@ def read_factors(path: str | Path, expect_format: str = MODEL_FORMAT) -> tuple[d
     sums = attrs.get("digests")
     if sums is None and int(attrs.get("version", 1)) >= 2:
         raise _damaged(path, kind, "its attrs lost the digests of its arrays")
+    _check_attrs(path, attrs, kind)
     names = list(sums) if sums is not None else [name for name, _ in group.arrays()]
     out = {}
     for name in names:
         out[name] = _read_array(path, group, name, kind, sums[name] if sums is not None else None)
-    _check_shapes(path, attrs, out, kind)
+    _check_arrays(path, attrs, out, kind)
     return attrs, out
 
 
 # the arrays every model and checkpoint holds: a folder with one of them is a damaged model
 FACTOR_ARRAYS = ("user_factors", "item_factors")
+ID_KINDS = "iuOUT"  # the dtype kinds of id arrays (factors are float32)
+
+_NUMBER, _NONE = (int, float), type(None)
+# what reading relies on in a model's or checkpoint's attrs: name -> (its types, the types of
+# its items for a list or dict, else None); hand-edited attrs are a damaged model, not a
+# traceback
+ATTR_TYPES: dict[str, tuple[tuple[type, ...], tuple[type, ...] | None]] = {
+    **dict.fromkeys(("factors", "m", "n", "iterations", "seed", "cg_steps", "iteration"),
+                    ((int,), None)),
+    **dict.fromkeys(("regularization", "alpha", "eps"), (_NUMBER, None)),
+    **dict.fromkeys(("kind", "solver", "precision", "confidence", "regularization_mode"),
+                    ((str,), None)),
+    "init_scale": ((*_NUMBER, _NONE), None),
+    "store": ((str, _NONE), None),
+    "metrics": ((list,), (dict,)),
+    "ratings": ((dict,), _NUMBER),
+    "store_ratings": ((dict, _NONE), _NUMBER),
+    "ids": ((dict,), (int, _NONE)),
+    "data": ((dict,), (str, _NONE)),
+}  # fmt: skip
+REQUIRED_ATTRS = ("factors", "regularization", "iterations", "seed", "m", "n")
+IMPLICIT_ATTRS = ("alpha", "confidence", "eps", "regularization_mode")
+
+
+def _check_attrs(path: Any, attrs: dict, kind: str) -> None:
+    """Every attr reading needs is there, and every known one of its type (ATTR_TYPES)."""
+    need = [*REQUIRED_ATTRS, *(["iteration"] if kind == "checkpoint" else []),
+            *(IMPLICIT_ATTRS if attrs.get("kind") == "implicit" else [])]  # fmt: skip
+    missing = [name for name in need if name not in attrs]
+    if missing:
+        raise _damaged(path, kind, f"its attrs lack {', '.join(missing)}")
+    for name, (types, items) in ATTR_TYPES.items():
+        value = attrs.get(name)
+        if name in attrs and not _typed(value, types, items):
+            raise _damaged(path, kind, f"its attr {name!r} is {str(value)[:60]!r}, not "
+                           f"{' or '.join(t.__name__ for t in types)}")  # fmt: skip
+
+
+def _typed(value: Any, types: tuple[type, ...], items: tuple[type, ...] | None) -> bool:
+    """`value` is of `types` (a bool is no number), and so are its items (`items`)."""
+    if isinstance(value, bool) or not isinstance(value, types):
+        return False
+    if items is None or value is None:
+        return True
+    return all(_typed(v, items, None) for v in (value.values() if isinstance(value, dict)
+                                                  else value))  # fmt: skip
 
 
 def _open(path: str | Path, expect_format: str, kind: str) -> tuple[Any, dict]:
@@ -270,12 +328,13 @@ def _open(path: str | Path, expect_format: str, kind: str) -> tuple[Any, dict]:
             if kind == "model" and not any((where / a).exists() for a in FACTOR_ARRAYS):
                 raise _not_a_model(path, "a folder without saved factors") from None
             raise _damaged(path, kind, "its zarr.json (the group's metadata) is missing") from None
-        left = [p.name for p in _leftovers(where) if _is_complete(p)]
+        left = interrupted_copies(where)
         if left:
             raise StoreError(
                 f"{path}: no saved model or checkpoint here, but an interrupted save left "
-                f"complete copies beside it ({', '.join(sorted(left))}): rename the newest to "
-                f"{where.name}, or save again (that puts one back)"
+                f"complete copies beside it ({', '.join(left)}): rename the newest to "
+                f"{where.name}, or save again (that puts one back; a run's model: "
+                "`cumf-dask train CONFIG --resume`)"
             ) from None
         raise StoreError(f"{path}: no saved model or checkpoint here") from None
     except Exception as exc:
@@ -290,15 +349,30 @@ def _open(path: str | Path, expect_format: str, kind: str) -> tuple[Any, dict]:
             "--resume`"
         )
     if kind == "model" and found not in (MODEL_FORMAT, CHECKPOINT_FORMAT):
-        what = {"cumf-dask-ratings": "a rating store", None: "a Zarr group of no cumf-dask "
-                "format"}.get(found, f"a Zarr group of format {found!r}")  # fmt: skip
-        raise _not_a_model(path, what)
+        raise _not_a_model(path, _format_name(found))
     if found != expect_format or not attrs.get("complete"):
         raise StoreError(
             f"{path}: not a complete {expect_format} (format {found!r}); "
             "was it written by cumf-dask, and did the write finish?"
         )
     return group, attrs
+
+
+def _format_name(found: Any) -> str:
+    """What a Zarr group of format `found` (its attrs' "format") is, in words."""
+    names = {"cumf-dask-ratings": "a rating store", MODEL_FORMAT: "a saved model",
+             CHECKPOINT_FORMAT: "a checkpoint", None: "a Zarr group of no cumf-dask format"}
+    return names.get(found, f"a Zarr group of format {found!r}")  # fmt: skip
+
+
+def _describe(path: Path) -> str:
+    """What the Zarr group at `path` is, in words (from its zarr.json)."""
+    try:
+        meta = json.loads((path / "zarr.json").read_text())
+        found = meta.get("attributes", {}).get("format")
+    except (OSError, ValueError, AttributeError):
+        found = None
+    return _format_name(found if isinstance(found, str) else None)
 
 
 def _not_a_model(path: Any, what: str) -> StoreError:
@@ -357,24 +431,35 @@ def _chunk_key(name: str, k: int, ndim: int) -> str:
     return "/".join([name, "c", str(k), *["0"] * (ndim - 1)])
 
 
-def _check_shapes(path: Any, attrs: dict, arrays: dict, kind: str) -> None:
-    f = attrs.get("factors")
-    for name, rows in (("user_factors", attrs.get("m")), ("item_factors", attrs.get("n"))):
+def _check_arrays(path: Any, attrs: dict, arrays: dict, kind: str) -> None:
+    """Both factors are there, of the shape the attrs say, and every array of its dtype
+    (a dtype edited in an array's zarr.json reads its bytes as other numbers)."""
+    f = attrs["factors"]
+    for name, rows in (("user_factors", attrs["m"]), ("item_factors", attrs["n"])):
         if name not in arrays:
             raise _damaged(path, kind, f"array '{name}' is missing")
-        if rows is not None and f is not None and arrays[name].shape != (rows, f):
+        if arrays[name].shape != (rows, f):
             raise _damaged(
                 path, kind, f"'{name}' has shape {arrays[name].shape}, expected {(rows, f)}"
             )
+    for name, arr in arrays.items():
+        factor = name in FACTOR_ARRAYS
+        if (arr.dtype != np.float32) if factor else (arr.dtype.kind not in ID_KINDS):
+            wanted = "float32" if factor else "integer or text ids"
+            raise _damaged(path, kind, f"'{name}' holds {arr.dtype}, not {wanted}")
 
 
 def _damaged(path: Any, kind: str, detail: str) -> StoreError:
-    advice = (
-        "delete this checkpoint folder; resuming then uses the previous one"
-        if kind == "checkpoint"
-        else "train it again, or restore it from its run's checkpoints with `cumf-dask train "
-        "CONFIG --resume`"
-    )
+    """A damaged model or checkpoint, with the way on: --resume only where it restores it."""
+    from .records import resumable
+
+    if kind == "checkpoint":
+        advice = "delete this checkpoint folder; resuming then uses the previous one"
+    elif resumable(Path(local_path(path))):
+        advice = ("train it again, or restore it from its run's checkpoints with `cumf-dask "
+                  "train CONFIG --resume`")  # fmt: skip
+    else:
+        advice = "train it again"
     return StoreError(f"{path}: damaged {kind}: {detail}; {advice}")
 
 
@@ -383,6 +468,12 @@ def _damaged(path: Any, kind: str, detail: str) -> StoreError:
 
 def _is_checkpoint_name(name: str) -> bool:
     return name.startswith("iter-") and name[5:].isdigit()
+
+
+# what a checkpoint folder holds: checkpoints, LATEST, a replaced one a killed save set aside
+OWN = re.compile(rf"iter-\d+|LATEST|\.old-iter-\d+-{SUFFIX}")
+# what a killed checkpoint save leaves there: a checkpoint not yet renamed in, a pointer
+LEFTOVER = re.compile(rf"\.tmp-iter-\d+-{SUFFIX}|\.LATEST-{SUFFIX}")
 
 
 class Checkpointer:
@@ -398,14 +489,37 @@ class Checkpointer:
 
     @contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the folder's writer lock; a killed save's temporary folders are removed."""
+        """Hold the folder's writer lock; a killed save's temporary folders and pointers
+        are removed. A folder holding anything else is refused (it is not one to write in)."""
         check_writable(self.directory, "checkpoints", folder=True)
+        self._check_own()
         with WriterLock(self.directory, "the checkpoint folder"):
-            removed = [_remove(p) for p in self.directory.glob(".tmp-*") if p.is_dir()]
+            left = [p for p in self._entries() if LEFTOVER.fullmatch(p.name)]
+            removed = [_remove(p) for p in left]
             if removed:
-                warnings.warn(f"{self.directory}: a killed checkpoint write left folders: "
+                warnings.warn(f"{self.directory}: a killed checkpoint write left: "
                               f"{'; '.join(removed)}", CumfWarning, stacklevel=3)  # fmt: skip
             yield
+
+    def _entries(self) -> list[Path]:
+        return sorted(self.directory.iterdir()) if self.directory.is_dir() else []
+
+    def _check_own(self) -> None:
+        """StoreError unless the folder holds only checkpoints, LATEST and what a killed
+        save left: checkpoint_dir given a store, a model or a folder of other files would
+        have them written over (and its temporary folders removed)."""
+        other = [p.name for p in self._entries()
+                 if not (OWN.fullmatch(p.name) or LEFTOVER.fullmatch(p.name))]  # fmt: skip
+        if not other:
+            return
+        if "zarr.json" in other:
+            what = _describe(self.directory)
+        else:
+            what = f"other files: {', '.join(other[:3])}{', ...' if len(other) > 3 else ''}"
+        raise StoreError(
+            f"{self.directory}: not a checkpoint folder ({what}); give checkpoints a folder "
+            "of their own (checkpoint_dir; a run's checkpoints are in its run folder)"
+        )
 
     def name(self, iteration: int) -> str:
         return f"iter-{iteration:05d}"
@@ -443,13 +557,28 @@ class Checkpointer:
 
     def load(self, iteration: int) -> tuple[dict, dict]:
         """(attrs, arrays) of one checkpoint, verified."""
-        return read_factors(self.directory / self.name(iteration), CHECKPOINT_FORMAT)
+        return self._read(self.name(iteration))
+
+    def _read(self, name: str) -> tuple[dict, dict]:
+        """(attrs, arrays) of checkpoint `name`, verified; one whose attrs disagree with
+        its folder's iteration (or count another number of iterations' metrics) is damaged."""
+        path = self.directory / name
+        attrs, arrays = read_factors(path, CHECKPOINT_FORMAT)
+        number, metrics = int(name[5:]), attrs.get("metrics")
+        if attrs["iteration"] != number or (metrics is not None and len(metrics) != number):
+            count = "" if metrics is None else f", {len(metrics)} iterations' metrics"
+            raise _damaged(path, "checkpoint",
+                           f"its attrs say iteration {attrs['iteration']}{count}")  # fmt: skip
+        return attrs, arrays
 
     def _pointer(self) -> str | None:
+        """The name LATEST holds (undecodable bytes replaced: a garbled pointer names no
+        checkpoint), or None without one."""
         try:
-            return (self.directory / "LATEST").read_text().strip() or None
+            text = (self.directory / "LATEST").read_bytes().decode("utf-8", "replace")
         except OSError:
             return None
+        return text.strip() or None
 
     def names(self) -> list[str]:
         """The checkpoints' folder names, newest first."""
@@ -474,7 +603,7 @@ class Checkpointer:
         problems = []
         for name in names:
             try:
-                attrs, arrays = read_factors(self.directory / name, CHECKPOINT_FORMAT)
+                attrs, arrays = self._read(name)
             except StoreError as exc:
                 problems.append(str(exc))
                 continue
@@ -485,7 +614,7 @@ class Checkpointer:
                     CumfWarning,
                     stacklevel=2,
                 )
-            return int(attrs["iteration"]), attrs, arrays
+            return attrs["iteration"], attrs, arrays
         raise StoreError(
             f"{self.directory}: no intact checkpoint to resume from ("
             + (" | ".join(problems) or "LATEST names no checkpoint")

@@ -160,8 +160,8 @@ def cmd_train(args: argparse.Namespace, out: Output) -> None:
     summary = result.summary
 
     def human() -> None:
-        print(f"model saved to {summary['model']}; run folder {summary['run']} "
-              f"(also {summary['latest']})")  # fmt: skip
+        also = f" (also {summary['latest']})" if summary["latest"] else ""
+        print(f"model saved to {summary['model']}; run folder {summary['run']}{also}")
         text = rmse_line(summary)
         if text:
             print(text)

@@ -443,6 +443,16 @@ def check_columns(name: str, columns: list[str | int]) -> None:
         )
 
 
+def check_run_name(name: str, value: str) -> None:
+    """A run's name is one folder name: a path in it would hide its runs from --resume,
+    which looks for ``<name>-<timestamp>`` folders in output.dir."""
+    if "/" in value or "\\" in value:
+        raise ConfigError(
+            f"'{name}' is {value!r}, a path: give a plain name, and the folder the runs go in "
+            "as output.dir (e.g. output.dir: runs/exp, output.name: a)"
+        )
+
+
 # dotted key -> its check (a None value, where allowed, is not checked)
 _RANGES: dict[str, Callable[[str, Any], None]] = {
     "model.factors": check_positive_int,
@@ -468,6 +478,7 @@ _RANGES: dict[str, Callable[[str, Any], None]] = {
     "data.generate.noise": _at_least(0),
     "data.ingest.format": partial(check_choice, allowed=FORMATS),
     "data.ingest.columns": check_columns,
+    "output.name": check_run_name,
     "plan.memory_budget": partial(check_size, of="the worker's memory"),
     "plan.headroom": partial(check_size, of="the budget", free=True),
     "cluster.memory_limit": check_size,  # no share: the cluster reads it as bytes

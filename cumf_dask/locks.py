@@ -7,8 +7,9 @@ start time, command line and a random token. A second writer finds the file and 
 that died (same host, pid gone or reused since) is stale and taken over; one from another
 host cannot be checked from here, and the message says how to remove it.
 
-Locks exclude processes: a process may take a lock it already holds again (re-entrant), so a
-pipeline can hold a folder's lock while the fit it runs takes the same lock. Remote (fsspec
+Locks exclude processes and threads: a thread may take a lock it already holds again
+(re-entrant), so a pipeline can hold a folder's lock while the fit it runs takes the same
+lock; another thread of the same process is refused like another process. Remote (fsspec
 URL) targets are not locked: object stores have no exclusive create that works everywhere.
 
 The same owner records mark temporary folders (ingest's spill folders) so that the next run
@@ -21,6 +22,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -31,8 +33,10 @@ from .errors import CumfWarning, StoreError
 from .paths import check_writable, is_url, normalize_url
 
 _TOKEN = uuid.uuid4().hex  # this process's token (a forked child gets a new pid, not a token)
-_HELD: dict[str, int] = {}  # lock path -> times this process took it
+_HELD: dict[str, list[int]] = {}  # lock path -> [the thread holding it, times it took it]
+_THREADS = threading.Lock()  # guards _HELD and the lock files' creation and removal
 _GUARD_STALE_S = 30.0  # a take-over guard older than this was left by a dead process
+_EMPTY_STALE_S = 5.0  # a lock naming no owner this long was left by a writer killed at once
 
 
 def owner_record() -> dict[str, Any]:
@@ -117,9 +121,17 @@ class WriterLock:
     def acquire(self) -> WriterLock:
         if self.path is None or self.held:
             return self
-        key = str(self.path.absolute())
-        if _HELD.get(key):
-            _HELD[key] += 1
+        with _THREADS:  # the threads of this process take and count locks one at a time
+            return self._acquire(str(self.path.absolute()))
+
+    def _acquire(self, key: str) -> WriterLock:
+        """acquire(), _THREADS held; `key`: the lock file's absolute path."""
+        if key in _HELD:
+            if _HELD[key][0] != threading.get_ident():
+                raise StoreError(f"{self.target}: {self.what} is being written by another "
+                                 "thread of this process; wait for it to finish or write "
+                                 "elsewhere")  # fmt: skip
+            _HELD[key][1] += 1
             self.held = True
             return self
         if self.beside:
@@ -129,19 +141,19 @@ class WriterLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(3):
             if self._create():
-                _HELD[key] = 1
+                _HELD[key] = [threading.get_ident(), 1]
                 self.held = True
                 return self
             owner = read_owner(self.path)
             if owner is None:  # being written this instant, or emptied: look again
                 time.sleep(0.05)
                 owner = read_owner(self.path)
-            if owner is not None and owner_is_dead(owner):
+            if self._stale(owner):
                 self._take_over(owner)
                 continue
             if owner is not None and _ours(owner):
                 # ours, from a lock object that was not released (an interrupted `with`)
-                _HELD[key] = 1
+                _HELD[key] = [threading.get_ident(), 1]
                 self.held = True
                 return self
             raise StoreError(self._busy(owner))
@@ -152,13 +164,15 @@ class WriterLock:
             return
         self.held = False
         key = str(self.path.absolute())
-        _HELD[key] = _HELD.get(key, 1) - 1
-        if _HELD[key] > 0:
-            return
-        del _HELD[key]
-        owner = read_owner(self.path)
-        if owner is not None and _ours(owner):
-            self.path.unlink(missing_ok=True)
+        with _THREADS:
+            held = _HELD.get(key, [0, 1])
+            held[1] -= 1
+            if held[1] > 0:
+                return
+            _HELD.pop(key, None)
+            owner = read_owner(self.path)
+            if owner is not None and _ours(owner):
+                self.path.unlink(missing_ok=True)
 
     def _create(self) -> bool:
         path = Path(str(self.path))
@@ -175,8 +189,20 @@ class WriterLock:
             json.dump(owner_record(), fh)
         return True
 
-    def _take_over(self, stale: dict[str, Any]) -> None:
-        """Remove a dead owner's lock, unless someone else took it over first."""
+    def _stale(self, owner: dict[str, Any] | None) -> bool:
+        """The lock file was left by a dead writer: its `owner` is dead, or it names none
+        and is older than _EMPTY_STALE_S (killed between creating it and naming itself)."""
+        if owner is not None:
+            return owner_is_dead(owner)
+        try:
+            age = time.time() - Path(str(self.path)).stat().st_mtime
+        except FileNotFoundError:
+            return False
+        return age > _EMPTY_STALE_S
+
+    def _take_over(self, stale: dict[str, Any] | None) -> None:
+        """Remove a dead owner's lock (`stale`; None: an owner-less one), unless someone
+        else took it over first."""
         path = Path(str(self.path))
         guard = Path(f"{path}.takeover")
         try:
@@ -190,14 +216,16 @@ class WriterLock:
             return  # another process is taking it over: the next attempt sees its lock
         os.close(fd)
         try:
-            if read_owner(path) == stale:
+            if read_owner(path) == stale and self._stale(stale):
                 path.unlink(missing_ok=True)
-                warnings.warn(
-                    f"{self.target}: took over the lock left by pid {stale.get('pid')} "
-                    f"({stale.get('command') or 'cumf-dask'}), which is no longer running",
-                    CumfWarning,
-                    stacklevel=4,
+                who = (
+                    f"pid {stale.get('pid')} ({stale.get('command') or 'cumf-dask'}), which is "
+                    "no longer running"
+                    if stale is not None
+                    else "a writer killed before it named itself (the lock file is empty)"
                 )
+                warnings.warn(f"{self.target}: took over the lock left by {who}", CumfWarning,
+                              stacklevel=4)  # fmt: skip
         finally:
             guard.unlink(missing_ok=True)
 

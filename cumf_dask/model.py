@@ -41,6 +41,7 @@ from .engine.session import Session
 from .errors import ConfigError, CumfWarning, NotFittedError, StoreError
 from .ids import IdMap
 from .paths import is_url
+from .records import model_path
 
 
 class ALS:
@@ -552,10 +553,11 @@ class ALS:
             raise ConfigError(f"item index out of range [0, {n})")
 
     # ------------------------------------------------------------------ persistence
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, *, after_error: str = "then save it again") -> None:
         """Write the model (factors, parameters, metrics, id maps, which store it was
         trained on) as a Zarr group. A model already saved at `path` (of either kind) is
-        replaced, atomically; a folder that is not a saved model is refused."""
+        replaced, atomically; a folder that is not a saved model is refused. `after_error`:
+        what a full disk's message says to do once space is freed."""
         if not self._fitted:
             raise NotFittedError("nothing to save: the model is not fitted")
         arrays: dict[str, Any] = {
@@ -573,9 +575,8 @@ class ALS:
             "version": MODEL_VERSION,
             "store": self.store_url_,
             "store_ratings": getattr(self, "store_ratings_", None),
-            "precision": self.precision,
         }
-        write_factors(path, arrays, attrs)
+        write_factors(path, arrays, attrs, after_error=after_error)
 
     @classmethod
     def _init_from(cls, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -592,12 +593,13 @@ class ALS:
 
     @classmethod
     def load(cls, path: str | Path) -> ALS:
-        """A fitted model from :meth:`save` (factors on the host).
+        """A fitted model from :meth:`save` (factors on the host); `path` is the model's
+        folder or a run folder holding it (``runs/NAME-latest``).
 
         ``ALS.load`` reads any saved model (an implicit one as its :class:`ImplicitALS`);
         ``ImplicitALS.load`` only implicit ones.
         """
-        attrs, arrays = read_factors(path, MODEL_FORMAT)
+        attrs, arrays = read_factors(model_path(path), MODEL_FORMAT)
         kind = attrs.get("kind", "explicit")
         if kind == "implicit" and not getattr(cls, "implicit", False):
             from .implicit.model import ImplicitALS

@@ -303,6 +303,9 @@ def train(
     `progress(stage, done, total)` the data stages, stage "train" (iterations done) and the
     half-steps' batches ("update X", "update Theta"); `log` one-line messages.
     """
+    if resume and not config.output.checkpoint:
+        raise ConfigError("--resume needs output.checkpoint: true (this config turns "
+                          "checkpoints off)")  # fmt: skip
     _check_outputs(config)  # before a cluster starts or any input is read
     check_inputs(config)
     run = RunFolder.latest(config) if resume else None
@@ -342,6 +345,13 @@ def _planned(
     if note:
         log(note)
     return planned
+
+
+def _after_save_error(config: Config) -> str:
+    """What to do after freeing space when the final model's save fails for a full disk."""
+    if config.output.checkpoint:
+        return "then run `cumf-dask train CONFIG --resume` (it saves it from the checkpoints)"
+    return "then train again"
 
 
 def _train(
@@ -393,14 +403,14 @@ def _train(
     cleared = run.clear_damaged_model()
     if cleared:
         log(cleared)
-    model.save(run.model)
-    run.make_latest(config)
+    model.save(run.model, after_error=_after_save_error(config))
+    latest = run.make_latest(config)
     plot = run.plot(model.metrics_, f"{config.output.name}: {store.m:,} x {store.n:,}, "
                                     f"f={config.model.factors}")  # fmt: skip
     last = model.metrics_[-1] if model.metrics_ else {}
     summary = {
         "run": str(run.path),
-        "latest": str(RunFolder.latest_link(config)),
+        "latest": str(latest) if latest else None,
         "store": store.url,
         "shape": [store.m, store.n],
         "nnz": store.nnz,

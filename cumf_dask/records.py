@@ -17,15 +17,18 @@ import shutil
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .checkpoint import MODEL_FORMAT
+from .checkpoint import MODEL_FORMAT, interrupted_copies
 from .config import Config
 from .engine.plan import Plan
-from .errors import StoreError
+from .errors import CumfWarning, StoreError
+
+STAMP = r"-\d{8}-\d{6}(-\d+)?"  # a run folder's name: <output.name><STAMP>
 
 
 class RunFolder:
@@ -36,19 +39,25 @@ class RunFolder:
 
     @classmethod
     def create(cls, config: Config) -> RunFolder:
+        """A new folder named by the time; ``-2``, ``-3``... for runs started in the same
+        second (made with an exclusive mkdir: two runs never share one)."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         base = Path(config.output.dir) / f"{config.output.name}-{stamp}"
         path, n = base, 1
-        while path.exists():
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-        path.mkdir(parents=True)
-        return cls(path)
+        while True:
+            try:
+                path.mkdir(parents=True)
+                return cls(path)
+            except FileExistsError:
+                n += 1
+                path = base.with_name(f"{base.name}-{n}")
 
-    def make_latest(self, config: Config) -> None:
+    def make_latest(self, config: Config) -> Path | None:
         """Point ``<output.name>-latest`` here: once the model is saved, so a run that
-        fails never takes the link from the last good one."""
-        link_latest(self.path, self.latest_link(config))
+        fails never takes the link from the last good one. The link, or None where none
+        was made."""
+        link = self.latest_link(config)
+        return link if link_latest(self.path, link) else None
 
     @staticmethod
     def latest_link(config: Config) -> Path:
@@ -58,17 +67,8 @@ class RunFolder:
     @classmethod
     def latest(cls, config: Config) -> RunFolder | None:
         """The newest run folder of this config's name that has checkpoints (for --resume)."""
-        root = Path(config.output.dir)
-        mine = re.compile(re.escape(config.output.name) + r"-\d{8}-\d{6}(-\d+)?")
-        found = sorted(
-            (
-                p
-                for p in root.glob(f"{glob.escape(config.output.name)}-*")
-                if mine.fullmatch(p.name) and (p / "checkpoints").is_dir()
-            ),
-            key=lambda p: p.stat().st_mtime,
-        )
-        return cls(found[-1]) if found else None
+        found = newest_run(Path(config.output.dir), config.output.name)
+        return cls(found) if found else None
 
     @property
     def checkpoints(self) -> Path:
@@ -130,14 +130,54 @@ class RunFolder:
         return plot_rmse(metrics, self.path / "rmse.png", title)
 
 
-def link_latest(run: Path, link: Path) -> None:
-    """Point `link` at `run` (relative, so the runs folder can move); atomic replace."""
+def newest_run(root: Path, name: str) -> Path | None:
+    """The newest run folder of `name` in `root` that has checkpoints (what --resume takes)."""
+    mine = re.compile(re.escape(name) + STAMP)
+    found = sorted(
+        (
+            p
+            for p in root.glob(f"{glob.escape(name)}-*")
+            if mine.fullmatch(p.name) and (p / "checkpoints").is_dir()
+        ),
+        key=lambda p: p.stat().st_mtime,
+    )
+    return found[-1] if found else None
+
+
+def resumable(model: Path) -> bool:
+    """Whether ``cumf-dask train CONFIG --resume`` writes `model` again: it is the
+    model.zarr of the newest run of its name, and that run has a checkpoint."""
+    run = model.absolute().parent.resolve()
+    named = re.fullmatch(rf"(.+){STAMP}", run.name)
+    return (
+        model.name == "model.zarr"
+        and named is not None
+        and newest_run(run.parent, named.group(1)) == run
+        and any(run.glob("checkpoints/iter-*"))
+    )
+
+
+def link_latest(run: Path, link: Path) -> bool:
+    """Point `link` at `run` (relative, so the runs folder can move); atomic replace. False
+    when no link was made: `link` is something else (kept, with a CumfWarning), or this
+    file system has no symlinks."""
+    if link.exists() and not link.is_symlink():
+        warnings.warn(
+            f"{link} is not a link (a copy of a run? `cp -rL` copies links as folders), so it "
+            f"does not name this run and keeps naming an older model; remove it to have it "
+            "follow the newest run again",
+            CumfWarning,
+            stacklevel=3,
+        )
+        return False
     tmp = link.with_name(f".{link.name}-{uuid.uuid4().hex[:8]}")
     try:
         os.symlink(run.name, tmp, target_is_directory=True)
         os.replace(tmp, link)
     except OSError:  # no symlinks here (some Windows setups): the timestamped name still works
         tmp.unlink(missing_ok=True)
+        return False
+    return True
 
 
 def model_path(path: str | Path) -> str:
@@ -154,6 +194,8 @@ def model_path(path: str | Path) -> str:
                 f"{path} is a folder of runs, not a model: give a run folder or its "
                 f"model.zarr, e.g. {folder / runs[0]}"
             )
+        if interrupted_copies(inside):  # its save was interrupted: opening it says so
+            return str(inside)
         if (folder / "config.yaml").is_file():
             raise StoreError(
                 f"{path} is a run folder without a saved model (the run failed, or is still "

@@ -140,6 +140,49 @@ def test_a_folder_of_runs_or_a_failed_run_is_named_as_such(tmp_path):
         model_path(tmp_path / "runs")
     with pytest.raises(StoreError, match="run folder without a saved model"):
         model_path(run)
+    model = run / ".tmp-model.zarr-0badf00d"
+    model.mkdir()
+    (model / "zarr.json").write_text(json.dumps(
+        {"attributes": {"format": "cumf-dask-model", "complete": True}}))  # fmt: skip
+    with pytest.raises(StoreError, match=r"an interrupted save left complete copies beside it "
+                       r"\(\.tmp-model\.zarr-0badf00d\): .*`cumf-dask train CONFIG --resume`"):
+        from cumf_dask.model import ALS
+
+        ALS.load(run)
+
+
+def test_run_folders_of_one_second_and_a_latest_that_is_a_folder(tmp_path, monkeypatch):
+    """Runs started in the same second get folders of their own; a -latest that is a real
+    folder (runs copied with cp -rL) is left as it is, with a warning, and not claimed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cumf_dask.config import load_config
+    from cumf_dask.errors import CumfWarning
+    from cumf_dask.records import RunFolder
+
+    config = load_config(overrides=[f"output.dir={tmp_path}", "output.name=x"])
+    monkeypatch.setattr("time.strftime", lambda _: "20261124-000000")
+    with ThreadPoolExecutor(8) as pool:
+        runs = list(pool.map(lambda _: RunFolder.create(config).path.name, range(8)))
+    assert sorted(runs) == sorted(["x-20261124-000000", *(f"x-20261124-000000-{k}"
+                                                          for k in range(2, 9))])  # fmt: skip
+    assert RunFolder(tmp_path / runs[0]).make_latest(config) == tmp_path / "x-latest"
+    (tmp_path / "x-latest").unlink()
+    (tmp_path / "x-latest").mkdir()
+    with pytest.warns(CumfWarning, match=r"x-latest is not a link .*; remove it to have it "
+                      "follow the newest run again"):  # fmt: skip
+        assert RunFolder(tmp_path / runs[1]).make_latest(config) is None
+    assert (tmp_path / "x-latest").is_dir() and not (tmp_path / "x-latest").is_symlink()
+
+
+def test_resume_without_checkpoints_is_refused_at_once(tmp_path):
+    from cumf_dask.config import load_config
+    from cumf_dask.pipeline import train
+
+    config = load_config(overrides=[f"output.dir={tmp_path}", "output.checkpoint=false"])
+    with pytest.raises(ConfigError, match=r"--resume needs output\.checkpoint: true \(this config "
+                       r"turns checkpoints off\)"):  # fmt: skip
+        train(config, resume=True, log=lambda _: None)
 
 
 def test_plan_ingests_the_store_and_prints_the_plan(flow, work):

@@ -92,6 +92,8 @@ def test_base_60_and_octal_look_alikes_are_not_numbers(tmp_path):
         ("model.regularization_mode=plain",
          r"'model\.regularization_mode' plain is for model\.kind: implicit"),
         ("data.ingest.columns=[2,2,2]", r"'data\.ingest\.columns' names column 2 more than once"),
+        ("output.name=exp/a", r"'output\.name' is 'exp/a', a path: give a plain name, and the "
+         r"folder the runs go in as output\.dir"),
     ],
 )  # fmt: skip
 def test_model_and_column_settings_are_checked_at_load(override, message):

@@ -12,11 +12,13 @@ import errno
 import gzip
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from contextlib import nullcontext
@@ -145,7 +147,7 @@ def test_damaged_model_is_one_clear_error(store, tmp_path, capsys, how):
     damage(path, how)
     with pytest.raises(StoreError, match="damaged model") as err:
         ALS.load(path)
-    assert DAMAGE[how] in str(err.value) and "cumf-dask train CONFIG --resume" in str(err.value)
+    assert DAMAGE[how] in str(err.value) and str(err.value).endswith("; train it again")
     code, out, text = cli(capsys, "recommend", path, "--user", "1", "--json")
     assert code == 3 and json.loads(out)["exit_code"] == 3
     assert f"error: {path}: damaged model: {DAMAGE[how]}" in text
@@ -180,15 +182,81 @@ def test_damaged_newest_checkpoint_falls_back_and_resume_matches(store, client2,
         ck.Checkpointer(ckpt).latest()
 
 
-def test_a_garbled_latest_pointer_falls_back_to_the_newest_checkpoint(tmp_path):
-    ckpt = ck.Checkpointer(tmp_path / "ckpt")
+def two_checkpoints(folder: Path) -> ck.Checkpointer:
+    """A checkpoint folder holding iterations 1 and 2 of a 3 x 2 fit (no cluster needed)."""
+    ckpt = ck.Checkpointer(folder)
+    attrs = {"factors": 2, "m": 3, "n": 3, "regularization": 0.1, "iterations": 2, "seed": 0,
+             "ratings": {"nnz": 5, "mean": 3.0}, "ids": {"rows": None, "cols": 7}}  # fmt: skip
     for it in (1, 2):
         factors = np.full((3, 2), it, np.float32)
-        ckpt.save(it, {"user_factors": factors, "item_factors": factors}, {"m": 3})
-    for garbled in ("iter-0000", "\0\0\0", "iter-00007"):
-        (tmp_path / "ckpt" / "LATEST").write_text(garbled)
+        metrics = [{"iteration": k} for k in range(1, it + 1)]
+        ckpt.save(it, {"user_factors": factors, "item_factors": factors},
+                  {**attrs, "metrics": metrics})  # fmt: skip
+    return ckpt
+
+
+def test_a_garbled_latest_pointer_falls_back_to_the_newest_checkpoint(tmp_path):
+    ckpt = two_checkpoints(tmp_path / "ckpt")
+    for garbled in (b"iter-0000", b"\0\0\0", b"iter-00007", b"\xff\xfeiter"):
+        (tmp_path / "ckpt" / "LATEST").write_bytes(garbled)
         with pytest.warns(CumfWarning, match="LATEST names .*, not a checkpoint there"):
             assert ckpt.latest()[0] == 2
+
+
+DROP = object()  # an attr to remove
+
+
+def edit_json(path: Path, key: str, changes: dict) -> None:
+    """Edit a zarr.json by hand: set entries of its `key` ("": the top), DROP removes one."""
+    meta = json.loads(path.read_text())
+    target = meta[key] if key else meta
+    for name, value in changes.items():
+        if value is DROP:
+            target.pop(name)
+        else:
+            target[name] = value
+    path.write_text(json.dumps(meta))
+
+
+TAMPERED = {  # attrs edited by hand -> what the damage says
+    "iteration": ({"iteration": 7}, "its attrs say iteration 7, 2 iterations' metrics"),
+    "metrics": ({"metrics": [{"iteration": 1}]}, "its attrs say iteration 2, 1 iterations'"),
+    "metrics 5": ({"metrics": 5}, "its attr 'metrics' is '5', not list"),
+    "iteration null": ({"iteration": None}, "its attr 'iteration' is 'None', not int"),
+    "ratings null": ({"ratings": None}, "its attr 'ratings' is 'None', not dict"),
+    "ratings text": ({"ratings": {"nnz": "5"}}, "its attr 'ratings' is"),
+    "ids null": ({"ids": None}, "its attr 'ids' is 'None', not dict"),
+    "store_ratings": ({"store_ratings": 3}, "its attr 'store_ratings' is '3', not dict or"),
+    "factors true": ({"factors": True}, "its attr 'factors' is 'True', not int"),
+    "no factors": ({"factors": DROP, "seed": DROP}, "its attrs lack factors, seed"),
+    "dtype": (None, "'user_factors' holds int32, not float32"),
+}
+
+
+@pytest.mark.parametrize("how", list(TAMPERED))
+def test_a_tampered_checkpoint_or_model_is_damaged(store, tmp_path, capsys, how):
+    """Attrs or an array's dtype edited by hand: the checkpoint is skipped for the one
+    before it, the model is one error (never a traceback, never a wrong model)."""
+    changes, says = TAMPERED[how]
+    ckpt = two_checkpoints(tmp_path / "ckpt")
+    model = tmp_path / "m.zarr"
+    fitted(store).save(model)
+    for path in (tmp_path / "ckpt" / "iter-00002", model):
+        if changes is None:
+            edit_json(path / "user_factors" / "zarr.json", "", {"data_type": "int32"})
+        elif path == model and how in ("iteration", "metrics"):
+            continue  # a model has no iteration to disagree with
+        else:
+            edit_json(path / "zarr.json", "attributes", changes)
+    with pytest.warns(CumfWarning, match=r"skipped 1 damaged checkpoint\(s\), resuming from "
+                      rf"iter-00001: .*iter-00002: damaged checkpoint: {re.escape(says)}"):
+        assert ckpt.latest()[0] == 1
+    if how in ("iteration", "metrics"):
+        return
+    with pytest.raises(StoreError, match=f"damaged model: {re.escape(says)}"):
+        ALS.load(model)
+    code, out, _ = cli(capsys, "evaluate", model, store.url, "--json")
+    assert code == 3 and "damaged model" in json.loads(out)["error"]
 
 
 def test_a_save_killed_between_its_renames_is_put_back(store, tmp_path):
@@ -200,6 +268,7 @@ def test_a_save_killed_between_its_renames_is_put_back(store, tmp_path):
     new.save(tmp_path / "new.zarr")
     path.rename(tmp_path / ".old-m.zarr-00000001")
     (tmp_path / "new.zarr").rename(tmp_path / ".tmp-m.zarr-00000002")
+    (tmp_path / ".tmp-m.zarr-b-00000003").mkdir()  # model m.zarr-b's save, under way: kept
     with pytest.raises(StoreError, match=r"interrupted save left complete copies beside it "
                        r"\(\.old-m\.zarr-00000001, \.tmp-m\.zarr-00000002\)"):  # fmt: skip
         ALS.load(path)
@@ -207,7 +276,7 @@ def test_a_save_killed_between_its_renames_is_put_back(store, tmp_path):
                       r"removed \.old-m\.zarr-00000001 \([\d.]+ MB\)"):  # fmt: skip
         ck._settle_leftovers(path)
     np.testing.assert_array_equal(ALS.load(path).user_factors_, new.user_factors_)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.zarr"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-m.zarr-b-00000003", "m.zarr"]
 
 
 def test_a_client_closed_during_the_fit_is_one_error(store):
@@ -464,6 +533,59 @@ def test_locks_of_other_hosts_and_of_models_and_checkpoints(store, client2, tmp_
     assert time.perf_counter() - started < 2 and not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.parametrize(
+    ("what", "says"),
+    [("store", "a rating store"), ("model", "a saved model"),
+     ("notes", "other files: .tmp-notes, notes.txt")],
+)
+def test_a_checkpoint_folder_that_holds_something_else_is_refused(store, tmp_path, what, says):
+    folder = tmp_path / "ckpt"
+    if what == "store":
+        folder = Path(store.url)
+    elif what == "model":
+        fitted(store).save(folder)
+    else:
+        folder.mkdir()
+        (folder / "notes.txt").write_text("keep me")
+        (folder / ".tmp-notes").mkdir()
+    before = sorted(folder.rglob("*"))
+    with pytest.raises(StoreError, match=rf"{folder}: not a checkpoint folder \({says}\); give "
+                       "checkpoints a folder of their own"), ck.Checkpointer(folder).locked():
+        pass
+    assert sorted(folder.rglob("*")) == before
+
+
+def test_a_checkpoint_folder_has_one_writer_thread_and_recovers_from_a_killed_one(tmp_path):
+    """A killed writer's empty lock file (killed before naming itself) and LATEST pointer
+    are cleared; another thread of the process is refused, the holding thread re-enters."""
+    ckpt = two_checkpoints(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / ".LATEST-0123abcd").write_text("iter-00003\n")
+    lock = tmp_path / "ckpt.lock"
+    lock.write_text("")
+    os.utime(lock, (time.time() - 60, time.time() - 60))
+    errors: list[str] = []
+
+    def second() -> None:
+        try:
+            with ckpt.locked():
+                errors.append("entered")
+        except StoreError as exc:
+            errors.append(str(exc))
+
+    with pytest.warns(CumfWarning) as warned, ckpt.locked(), ckpt.locked():
+        thread = threading.Thread(target=second)
+        thread.start()
+        thread.join()
+    text = " ".join(str(w.message) for w in warned)
+    assert "took over the lock left by a writer killed before it named itself" in text
+    assert "removed .LATEST-0123abcd" in text
+    assert errors == [f"{tmp_path / 'ckpt'}: the checkpoint folder is being written by another "
+                      "thread of this process; wait for it to finish or write elsewhere"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "LATEST", "iter-00001", "iter-00002"]  # fmt: skip
+    assert not lock.exists()
+
+
 # ----------------------------------------------------------------------------- disk and files
 
 
@@ -604,7 +726,7 @@ def test_leftovers_of_killed_runs_are_removed(tmp_path, capsys):
 # ----------------------------------------------------------------------------- the final model
 
 
-def test_resume_restores_a_final_model_cut_short(store, client2, tmp_path):
+def test_resume_restores_a_final_model_cut_short(store, client2, tmp_path, monkeypatch):
     config = load_config(data={
         "data": {"source": "store", "store": store.url},
         "model": {"factors": 3, "iterations": 2},
@@ -612,7 +734,13 @@ def test_resume_restores_a_final_model_cut_short(store, client2, tmp_path):
         "output": {"dir": str(tmp_path / "runs"), "name": "cut"},
     })  # fmt: skip
     first = train(config, client=client2, log=lambda _: None)
-    reference = ALS.load(first.run.model)
+    reference = ALS.load(first.run.path)  # a run folder is taken for its model
+    damage(first.run.model, "flipped bytes")
+    with pytest.raises(StoreError, match=r"damaged model: .*train it again, or restore it from "
+                       r"its run's checkpoints with `cumf-dask train CONFIG --resume`"):
+        ALS.load(first.run.path)
+    with pytest.raises(StoreError, match=r"damaged model: .*; train it again$"):
+        ALS.load(shutil.copytree(first.run.model, tmp_path / "elsewhere.zarr"))
     for cut in ("missing", "no metadata"):
         if cut == "missing":  # killed between the rename of the old model and the new one
             shutil.rmtree(first.run.model)
@@ -632,6 +760,20 @@ def test_resume_restores_a_final_model_cut_short(store, client2, tmp_path):
         assert (cut == "no metadata") == any("removed the incomplete or damaged" in x for x in logs)
     lines = (first.run.path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == [1, 2]
+    real = zarr.storage.LocalStore.set
+
+    async def full(self, key, value):
+        if "model.zarr" in str(self.root):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return await real(self, key, value)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(zarr.storage.LocalStore, "set", full)
+        with pytest.raises(StoreError, match=r"disk full while writing the model .*free some "
+                           r"space there, then run `cumf-dask train CONFIG --resume`"):  # fmt: skip
+            train(config, resume=True, client=client2, log=lambda _: None)
+    np.testing.assert_array_equal(ALS.load(first.run.path).user_factors_,
+                                  reference.user_factors_)  # fmt: skip
     recorded = (first.run.path / "config.yaml").read_text()
     config.model.factors = 4
     with pytest.raises(StoreError, match=r"another fit \(factors: 3 there, 4 here\); run "

@@ -82,8 +82,11 @@ def test_resume_of_another_fit_is_refused(store, client, tmp_path):
     other = (rows, cols, 6 - vals, (store.m, store.n))
     with pytest.raises(StoreError, match="ratings: "):
         ALS(4, 0.05, 2, backend="numpy", checkpoint_dir=ckpt).fit(other, client=client, resume=True)
-    again = ALS(4, 0.05, 2, seed=7, solver="cg", backend="numpy", checkpoint_dir=ckpt)
-    again.fit(store, client=client, resume=True)
+    again = ALS(4, 0.05, 2, seed=7, solver="cg", precision="bfloat16", backend="numpy",
+                checkpoint_dir=ckpt)  # fmt: skip
+    with pytest.warns(CumfWarning, match="resuming a float32 fit in bfloat16 "
+                      r"\(model\.precision\): iterations after 1 store"):  # fmt: skip
+        again.fit(store, client=client, resume=True)
     assert [r["iteration"] for r in again.metrics_] == [1, 2]
     with pytest.raises(ConfigError, match="checkpoint is at iteration 2, past the 1 asked for"):
         ALS(4, 0.05, 1, backend="numpy", checkpoint_dir=ckpt).fit(store, client=client, resume=True)
@@ -105,7 +108,9 @@ def test_numpy_scalars_as_parameters(store, client, tmp_path):
 
 def test_resume_on_ids_numbered_otherwise_is_refused(client, tmp_path):
     """The same ratings ingested in another order: counts and statistics agree, the ids'
-    numbering does not, so the checkpoint's rows would belong to other users."""
+    numbering does not, so the checkpoint's rows would belong to other users. A store
+    rebuilt in place since the checkpoint (other ratings, same counts and statistics) is
+    refused too."""
     rng = np.random.default_rng(5)
     pairs = rng.choice(40 * 25, 300, replace=False)  # distinct (user, item) pairs
     users = np.array([f"u{p // 25}" for p in pairs])
@@ -120,6 +125,15 @@ def test_resume_on_ids_numbered_otherwise_is_refused(client, tmp_path):
     ALS(3, 0.1, 1, backend="numpy", checkpoint_dir=ckpt).fit(first, client=client)
     with pytest.raises(StoreError, match="user ids: numbered otherwise"):
         ALS(3, 0.1, 2, backend="numpy", checkpoint_dir=ckpt).fit(again, client=client, resume=True)
+    swapped = ratings.copy()
+    swapped[[0, 1]] = swapped[[1, 0]]  # two ratings trade places: the same statistics
+    rebuilt = ingest_arrays(tmp_path / "a.zarr", users, items, swapped, test_fraction=0,
+                            overwrite=True)  # fmt: skip
+    with pytest.raises(StoreError, match=r"store: .*a\.zarr was rebuilt since the checkpoint "
+                       r"\(build \w+ there, \w+ here\); to resume, give the store the checkpoint "
+                       r"was made on\); run without --resume"):  # fmt: skip
+        ALS(3, 0.1, 2, backend="numpy", checkpoint_dir=ckpt).fit(rebuilt, client=client,
+                                                                 resume=True)  # fmt: skip
 
 
 def test_predict_rmse_recommend_save_load(store, client, tmp_path):

@@ -27,6 +27,7 @@ What can go wrong, and what happens:
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 import zlib
@@ -56,6 +57,7 @@ from ..errors import (
     WorkerLostError,
     is_out_of_memory,
 )
+from ..paths import is_url
 from . import tasks
 from .cluster import (
     CumfWorkerSetup,
@@ -111,10 +113,10 @@ class ALSParams:
 
     def attrs(self, store: RatingsStore) -> dict[str, Any]:
         """What a checkpoint records of the fit: the settings, the shape, the ratings' counts
-        and statistics, and a digest of the ids (which a resumed fit must all match). Reads
-        the store's ids: made once per fit."""
+        and statistics, a digest of the ids and which store build it is (which a resumed fit
+        must all match). Reads the store's ids: made once per fit."""
         return {**self.settings(), "m": store.m, "n": store.n, "ratings": ratings_digest(store),
-                "ids": ids_digest(store)}  # fmt: skip
+                "ids": ids_digest(store), "data": store_build(store)}  # fmt: skip
 
     def settings(self) -> dict[str, Any]:
         """The hyper-parameters a checkpoint or saved model records (NumPy scalars given as
@@ -132,6 +134,7 @@ class ALSParams:
             "solver": self.solver,
             "cg_steps": self.cg_steps,
             "init_scale": self.init_scale,
+            "precision": self.precision,
         }
         return plain(settings)
 
@@ -143,7 +146,7 @@ def plain(values: dict[str, Any]) -> dict[str, Any]:
 
 
 # what a resumed fit must share with its checkpoint, beside the shape: the objective's
-# terms (the solver, its steps, the seed and the iteration count may change)
+# terms (the solver, its steps, the seed, the precision and the iteration count may change)
 RESUME_MUST_MATCH = ("factors", "kind", "regularization", "regularization_mode", "alpha",
                      "confidence", "eps")  # fmt: skip
 
@@ -170,6 +173,13 @@ def ids_digest(store: RatingsStore) -> dict[str, int | None]:
     return out
 
 
+def store_build(store: RatingsStore) -> dict[str, str | None]:
+    """Where the store is and which build of it (the id each build records): a store rebuilt
+    in place since a checkpoint may hold other ratings of the same counts and statistics."""
+    url = store.url if is_url(store.url) else os.path.abspath(store.url)
+    return {"url": url, "build": store.attrs.get("build")}
+
+
 def resume_mismatch(attrs: dict[str, Any], here: dict[str, Any]) -> list[str]:
     """'name: checkpoint value, this fit's value' for each way a checkpoint's fit differs
     from this one, whose attrs are `here` (:meth:`ALSParams.attrs`); a checkpoint from
@@ -183,6 +193,11 @@ def resume_mismatch(attrs: dict[str, Any], here: dict[str, Any]) -> list[str]:
         if "ids" in attrs and attrs["ids"].get(axis) != here["ids"][axis]:
             differ.append(f"{noun} ids: numbered otherwise (the same ratings in another "
                           "order, or other ids)")  # fmt: skip
+    then, now = attrs.get("data", {}), here["data"]
+    if then.get("url") == now["url"] and then.get("build") != now["build"]:
+        differ.append(f"store: {now['url']} was rebuilt since the checkpoint (build "
+                      f"{then.get('build')} there, {now['build']} here); to resume, give the "
+                      "store the checkpoint was made on")  # fmt: skip
     return differ
 
 
@@ -344,7 +359,20 @@ def _resumed(
             f"{iterations} asked for; ask for {start} or more (model.iterations), or run "
             "without --resume (resume=False) to start over"
         )
+    _note_precision(attrs, here, start)
     return found
+
+
+def _note_precision(attrs: dict[str, Any], here: dict[str, Any], start: int) -> None:
+    """A CumfWarning when a fit resumes with another precision than its checkpoint's: a
+    speed setting, so allowed (as another solver is), but the result then differs slightly
+    from an uninterrupted fit of either precision."""
+    then = attrs.get("precision")
+    if then is not None and then != here["precision"]:
+        warnings.warn(f"resuming a {then} fit in {here['precision']} (model.precision): "
+                      f"iterations after {start} store the fixed factor in "
+                      f"{here['precision']}, so the result differs slightly from an "
+                      "uninterrupted fit", CumfWarning, stacklevel=4)  # fmt: skip
 
 
 def _link(client: Client, workers: list[str], backend: str, memory: int):
