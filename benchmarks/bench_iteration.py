@@ -71,7 +71,7 @@ def plot(path: str) -> str:
         r = json.loads(line)
         rows.append(
             {
-                "device": r["device"],
+                "device": r["device"].split("; ")[-1],  # the GPUs where the line names them
                 "shape": f"{r['shape'][0]:,} x {r['shape'][1]:,}",
                 "train_ratings": r["nnz"],
                 "factors": r["factors"],
