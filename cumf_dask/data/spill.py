@@ -291,17 +291,11 @@ class StoreBuilder:
         r, c, v = self._row_band(kind, band, tile_rows, tile_cols, describe)
         return write_band(work, kind, band, r, c, v)
 
-    def _check_row_band(
-        self,
-        kind: str,
-        band: int,
-        tile_rows: int,
-        tile_cols: int,
-        describe: Callable[[int, int, int, int], str] | None,
-    ) -> None:
-        """Resolve row (or test) band `band` only, for what its data can fail (repeats under
-        'error', sums beyond the limit), before a remote target is written."""
-        self._row_band(kind, band, tile_rows, tile_cols, describe)
+    def _check_row_band(self, *band: Any) -> None:
+        """Resolve a row (or test) band (`band`: _row_band's arguments) for what its data can
+        fail (repeats under 'error', sums beyond the limit), before a remote target is
+        written; the band itself is let go at once."""
+        self._row_band(*band)
 
     def _row_band(
         self,
