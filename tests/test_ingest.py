@@ -204,12 +204,13 @@ def test_parquet_bad_rating_names_row(tmp_path):
         (pa.array([7, None], pa.int64()), r"r0\.pq, row 2: the user id is missing"),
         ([[7], [8]], r"r0\.pq, row 1: the user id array\(\[7\]\) is not a scalar"),
         ([1, 2], r"^user ids 1 and '1' are different ids that read alike as text"),
+        ([True, False], r"r0\.pq, row 1: the user id True is a bool; ids must be numbers"),
     ],
 )
 def test_parquet_bad_ids(tmp_path, users, message):
     """A null id is missing, text or integer (pyarrow gives an integer column's nulls as NaN);
     a list is no id; a column of integers in one file and text in the next would make two
-    users of one name."""
+    users of one name; a bool would be the id 1 or 0."""
     pq.write_table(pa.table({"u": users, "i": [4, 5], "r": [1.0, 2.0]}), tmp_path / "r0.pq")
     pq.write_table(pa.table({"u": ["1"], "i": [4], "r": [1.0]}), tmp_path / "r1.pq")
     with pytest.raises(IngestError, match=message):

@@ -283,6 +283,7 @@ class _Axis:
 
     def encode(self, ids: np.ndarray, seq: np.ndarray, records: Records) -> np.ndarray:
         """Dense int64 indices of one chunk's ids."""
+        self._refuse_bools(ids, seq, records)
         if self.size is not None:
             return self._check(ids, seq, records)
         if ids.dtype.kind == "f":  # e.g. an integer column with a NaN: whole numbers only
@@ -308,6 +309,22 @@ class _Axis:
         self._codes.update(zip(uniques[new].tolist(), known[new].tolist(), strict=True))
         self._new.append(uniques[new])
         return known[codes]
+
+    def _refuse_bools(self, ids: np.ndarray, seq: np.ndarray, records: Records) -> None:
+        """A bool is not an id: True would become user 1 (Python counts True == 1)."""
+        if ids.dtype.kind == "b":
+            k = 0
+        elif ids.dtype.kind == "O":
+            is_bool = np.fromiter((isinstance(v, (bool, np.bool_)) for v in ids), bool, len(ids))
+            if not is_bool.any():
+                return
+            k = int(np.argmax(is_bool))
+        else:
+            return
+        raise IngestError(
+            f"{records.where(seq[k])}: the {self.noun} id {show(ids[k])} is a bool; ids must "
+            "be numbers or text (True would be read as the id 1)"
+        )
 
     def _whole(self, ids: np.ndarray, seq: np.ndarray, records: Records) -> np.ndarray:
         """Float ids as int64 when each is a whole number; a fraction is refused (never
