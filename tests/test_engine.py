@@ -237,6 +237,24 @@ def test_staged_host_blocks_match_reference(stores, clients, reference, monkeypa
     assert rel_err(model.item_factors_, reference[1]) < 1e-4
 
 
+def test_partial_sums_wait_for_the_batch_two_before(stores, client2, reference):
+    """p > 1: every batch's partial Hermitians are ready at once; a worker's sums of batch j
+    start only once batch j - 2 is solved, so it holds about two batches' sums, not q."""
+    with get_task_stream(client2) as stream:
+        model = _fit(stores[BIG], client2, p=2, q=6)
+    assert rel_err(model.user_factors_, reference[0]) < 1e-4
+    computed = {  # key prefix (the run's id cut off): (start, stop)
+        str(t["key"]).rsplit("-", 1)[0]: (s[0]["start"], s[-1]["stop"])
+        for t in stream.data
+        if (s := [s for s in t["startstops"] if s["action"] == "compute"])
+    }
+    for it, j, part in itertools.product(range(1, ITERS + 1), range(2, 6), range(2)):
+        before = f"reduce-solve-X-batch{j - 2}-"
+        solved = max(stop for key, (_, stop) in computed.items()
+                     if key.startswith(before) and key.endswith(f"-it{it}"))  # fmt: skip
+        assert computed[f"hermitian-X-batch{j}-part{part}-it{it}"][0] >= solved
+
+
 def test_mixed_half_steps(stores, client2, reference):
     """Update X data-parallel and update Theta model-parallel in one run."""
     plan = PlanConfig(x=HalfStepConfig(p=2, q=3), theta=HalfStepConfig(p=1, q=2))

@@ -125,6 +125,39 @@ def test_killed_worker_in_a_configured_job_goes_on_from_its_checkpoint(data, tmp
     assert len(wait_for_workers(procs, 2, 30)) == 2
 
 
+def test_a_fit_recovering_on_other_workers_plans_again(data):
+    """The two-phase reduction's groups name workers by their place in the list: on more
+    workers the new one's partial sums were in no group and left out (a wrong model, exit 0),
+    on fewer a group could point past the list's end. The fit plans again for the workers
+    present. Here 2 workers become 4, then one is lost: the fit goes on on 3."""
+    from distributed import Client, LocalCluster
+
+    from cumf_dask.config import PlanConfig
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                           dashboard_address=None)  # fmt: skip
+    lost: list[str] = []
+
+    def grow_then_lose_one(record):
+        if not lost:
+            cluster.scale(4)
+            client.wait_for_workers(4, timeout=30)
+            lost.append(sorted(cluster.workers)[0])
+            cluster.sync(cluster.workers[lost[0]].close)
+
+    plan = PlanConfig(p=3, q=2, reduction="two-phase", groups=[[0], [1]])
+    fit = ALS(F, LAM, 3, backend="numpy", plan=plan, callbacks=[grow_then_lose_one]).fit
+    client = Client(cluster, set_as_default=False)
+    with cluster, client, pytest.warns(CumfWarning) as warned:
+        model = fit(data[0], client=client)
+    said = " ".join(str(w.message) for w in warned)
+    assert "was lost during iteration 2; going on on 3 worker(s)" in said
+    assert "plan.groups [[0], [1]] named 2 workers and 3 are left" in said
+    X, T = reference(data, 3)
+    assert rel_err(model.user_factors_, X) < 1e-4 and rel_err(model.item_factors_, T) < 1e-4
+    assert model.plan_.workers == 3
+
+
 def test_worker_restarted_for_memory_fails_with_a_plan(procs, data):
     """What a memory limit too small for the plan does: the nanny restarts the worker past
     its limit, again and again. DeviceMemoryError (exit 4) in bounded time, not a hang."""

@@ -31,9 +31,9 @@ import os
 import time
 import warnings
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import dask
@@ -263,19 +263,37 @@ def fit(
         workers, link = _link(client, workers, backend, memory)
         rows, cols = store.counts("row"), store.counts("col")
         _warn_unrated(rows, cols)
-        plan = make_plan(
-            store.m, store.n, store.nnz, params.factors, len(workers), memory,
-            rows, cols, plan_config, backend, link=link,
-            host_memory=host_memory(client, backend),
-            held_out=store.nnz_test if evaluate and store.has_test else 0,
-        )  # fmt: skip
+
+        def plan_for(count: int, config: PlanConfig | None, memory: int) -> Plan:
+            return make_plan(
+                store.m, store.n, store.nnz, params.factors, count, memory, rows, cols,
+                config, backend, link=link, host_memory=host_memory(client, backend),
+                held_out=store.nnz_test if evaluate and store.has_test else 0,
+            )  # fmt: skip
+
+        def replan(now: list[str]) -> Plan:
+            """The plan for the workers left after a loss: their number may differ, and
+            worker groups named for the old ones would drop or misplace partial sums."""
+            config = plan_config
+            if config is not None and config.groups is not None and len(now) != len(workers):
+                warnings.warn(
+                    f"plan.groups {config.groups} named {len(workers)} workers and "
+                    f"{len(now)} are left: the two-phase reduction goes on with one flat group",
+                    CumfWarning,
+                    stacklevel=2,
+                )
+                config = replace(config, groups=None)
+            return plan_for(len(now), config, worker_memory(client, backend))
+
+        plan = plan_for(len(workers), plan_config, memory)
         engine = SUALSEngine(
             client, store, plan, params.spec(), backend_spec(backend, params.precision),
             workers, has_compute_slots(client), read_threads(client, workers),
         )  # fmt: skip
         engine.prepare(params.factors)  # kernels compile while the blocks load
         engine.preload(held_out=evaluate and store.has_test)
-        run = _Run(engine, store, params, here, checkpointer, evaluate, callbacks, progress)
+        run = _Run(engine, store, params, here, checkpointer, evaluate, callbacks, progress,
+                   replan)  # fmt: skip
         try:
             return run.until_done(found)
         except (WorkersPaused, WorkerLost) as exc:  # WorkerLost escapes only for memory
@@ -402,10 +420,12 @@ class _Run:
 
     def __init__(self, engine: SUALSEngine, store: RatingsStore, params: ALSParams,
                  here: dict[str, Any], checkpointer: Checkpointer | None, evaluate: bool,
-                 callbacks: Sequence[IterationCallback], progress: Progress | None):  # fmt: skip
+                 callbacks: Sequence[IterationCallback], progress: Progress | None,
+                 replan: Callable[[list[str]], Plan]):  # fmt: skip
         self.engine, self.store, self.params, self.here = engine, store, params, here
         self.checkpointer, self.evaluate = checkpointer, evaluate
         self.callbacks, self.progress = callbacks, progress
+        self.replan = replan  # the plan for the workers left after a loss
         self.began = time.perf_counter()
 
     def until_done(self, found: tuple[int, dict, dict] | None) -> FitResult:
@@ -456,7 +476,8 @@ class _Run:
         return _State(start, list(attrs.get("metrics", [])), theta, X, restore=start)
 
     def _recover(self, lost: WorkerLost, state: _State, losses: int) -> _State:
-        """Re-place everything on the workers present; go back to this fit's last checkpoint."""
+        """Plan again for the workers present and place everything on them; go back to this
+        fit's last checkpoint."""
         engine = self.engine
         where = f" ({lost.what})" if lost.what else ""
         gone = ", ".join(lost.lost) or "a worker"
@@ -481,7 +502,8 @@ class _Run:
             stacklevel=2,
         )
         client = engine.client
-        engine.recover(workers, has_compute_slots(client), read_threads(client, workers))
+        plan = self.replan(workers)
+        engine.recover(workers, plan, has_compute_slots(client), read_threads(client, workers))
         engine.prepare(self.params.factors)
         if state.restore is None or self.checkpointer is None:
             return self._start(None)

@@ -106,12 +106,14 @@ class SUALSEngine:
         self._ahead = self._read_ahead("update")  # the half-steps' reads
 
     def recover(
-        self, workers: list[str], compute_slots: bool, read_threads: dict[str, int]
+        self, workers: list[str], plan: Plan, compute_slots: bool, read_threads: dict[str, int]
     ) -> None:
-        """Start over on `workers` after a loss: new placement and task keys; the resident
-        blocks are dropped (the next half-step reloads them from the store where they now
-        belong). Factors on the workers are not kept: the caller restores them."""
+        """Start over on `workers` with `plan` (made for them) after a loss: new placement
+        and task keys; the resident blocks are dropped (the next half-step reloads them from
+        the store where they now belong). Factors on the workers are not kept: the caller
+        restores them."""
         self._resident.clear()  # dropped, which releases them (see watch.check)
+        self.plan = plan
         self.read_threads = read_threads
         self.place = Placement(workers)
         self.run = uuid.uuid4().hex[:8]
@@ -419,15 +421,18 @@ class SUALSEngine:
         return pieces, owners
 
     def _partial_sums(
-        self, h: HalfStepPlan, fixed: Factor, it: int
+        self, h: HalfStepPlan, fixed: Factor, it: int, solved: list[list[Future]]
     ) -> Iterator[tuple[int, dict[str, Future]]]:
         """p > 1: (batch, each worker's sum of the partial Hermitians of its parts, by worker)
         as soon as a batch's are submitted (``tasks.hermitian_sums`` adds each part's to
         the previous part's, in place), so its reduction is submitted before the next batch.
-        Batches are the outer loop (a worker holds the sums of about one batch at a time),
-        or with ``h.parts_outer`` the parts are: each part of a fixed factor in host memory
-        is then copied to the device once, not once per batch, and the sums of all batches
-        are held until the last part."""
+        Batches are the outer loop, and a worker's sums of batch j wait for batch j - 2's
+        slices to be solved (`solved[j - 2]`, which the caller appends as it submits them):
+        every sum is ready at once, so without that a worker would hold all q batches' sums
+        while the reductions wait for the other workers; with it, about two. With
+        ``h.parts_outer`` the parts are the outer loop: each part of a fixed factor in host
+        memory is then copied to the device once, not once per batch, and the sums of all
+        batches are held until the last part."""
         ahead = self._ahead
         sums: list[dict[str, Future]] = [{} for _ in range(h.q)]
         uses: dict[str, list[Future]] = {}  # worker: the hermitian tasks on its current copy
@@ -437,9 +442,11 @@ class SUALSEngine:
                 fixed_part = self.fixed_on(h, fixed, i, worker, it)
             elif j == 0:  # part i's first batch: its copy, after the worker's previous part
                 fixed_part = self.copied_in(h, fixed, i, worker, it, uses.pop(worker, None))
+            first = worker not in sums[j]  # this worker's first part of batch j
+            after = solved[j - 2] if first and j >= 2 and not h.parts_outer else None
             herm = self.submit(
                 tasks.hermitian_sums, self.block_in_use(h, i, j, it, ahead), fixed_part,
-                self.backend, self.spec, sums[j].get(worker),
+                self.backend, self.spec, sums[j].get(worker), after,
                 key=f"hermitian-{h.label}-batch{j}-part{i}-it{it}", worker=worker,
             )  # fmt: skip
             if h.parts_outer:
@@ -470,10 +477,12 @@ class SUALSEngine:
         pieces: list[Piece] = []
         owners = []
         reduction, workers = self.plan.reduction, self.place.workers
-        for j, sums in self._partial_sums(h, fixed, it):
+        solved: list[list[Future]] = []  # per batch: its slices' solves, done (see below)
+        for j, sums in self._partial_sums(h, fixed, it, solved):
             lo, hi = h.row_bounds[j], h.row_bounds[j + 1]
             slices = slice_bounds(hi - lo, h.p, len(workers), reduction)
             sources = [self.place.index(worker) for worker in sums]
+            done: list[Future] = []
             partials = [[self.submit(
                 tasks.rows_of, herm, a, b, worker=worker, compute=False,
                 key=f"slice-{h.label}-batch{j}-w{self.place.index(worker)}-slice{k}-it{it}",
@@ -493,6 +502,10 @@ class SUALSEngine:
                 )  # fmt: skip
                 pieces.append((lo + a, lo + b, fut))
                 owners.append(target)
+                if j + 2 < h.q:  # a small stand-in: batch j + 2's sums wait for it
+                    done.append(self.submit(tasks.finished, fut, worker=target, compute=False,
+                                            key=f"solved-{tag}"))  # fmt: skip
+            solved.append(done)
         return pieces, owners
 
     # ------------------------------------------------------------------ evaluation

@@ -51,11 +51,14 @@ def final_inputs(
     `partials[i]` is the slice of one worker's sum of its parts' partial (A, B), held by
     worker `sources[i]`.
     scatter and one: the partials themselves. two-phase: one sum per group of workers, on
-    the target when it is in the group, else on the group's first worker.
+    the target when it is in the group, else on the group's first worker; a partial from a
+    worker in no group goes to the final sum as it is (never dropped).
     """
     if reduction != "two-phase" or not groups or len(groups) < 2:
         return list(partials)
-    inputs: list[Any] = []
+    inputs: list[Any] = [
+        fut for fut, src in zip(partials, sources, strict=True) if all(src not in g for g in groups)
+    ]
     for g, members in enumerate(groups):
         mine = [fut for fut, src in zip(partials, sources, strict=True) if src in members]
         if len(mine) <= 1:

@@ -194,12 +194,14 @@ def hermitian_sums(
     backend: str,
     spec: UpdateSpec | None = None,
     into: tuple[Any, Any] | None = None,
+    after: Any = None,
 ) -> tuple[Any, Any]:
     """p > 1: the partial (packed A, B) of one block against its part of the fixed factor
     (rows as :func:`rows_from` takes them), without G0 or the regularization (both are
     added once, in the solve). `into`: what this task returned for the worker's
     previous part of the same rows; this block's partial is added to it in place (each
-    worker sends one sum of its parts to the reduction), and it is returned."""
+    worker sends one sum of its parts to the reduction), and it is returned. `after`: the
+    tasks this waits for (bounds the batches a worker's sums are held for); unused."""
     be = get_backend(backend)
     try:
         with out_of_memory_as(_on(block), _SMALLER):
