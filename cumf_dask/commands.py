@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .config import Config, GenerateConfig, check_columns, load_config
-from .errors import ConfigError
+from .errors import ConfigError, StoreError
 from .output import Output, recommend_table, report_store, rmse_line
 
 QUICKSTART = Path(__file__).with_name("quickstart.yaml")
@@ -207,13 +207,24 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
 
 
 def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
+    from .data.store import RatingsStore
     from .model import ALS
     from .records import model_path
 
     _check_k(args.k)
     model = ALS.load(model_path(args.model))
-    store_url = args.store or model.store_url_
-    store = model._matching(store_url) if store_url else None
+    store = None  # the training store, whose items the user rated are left out
+    if args.store:
+        store = model._matching(args.store)
+    elif model.store_url_:
+        try:
+            store = RatingsStore.open(model.store_url_)
+        except StoreError as exc:  # moved or deleted since the model was trained
+            raise StoreError(
+                f"the model's training store cannot be opened ({exc}); give the store it was "
+                "trained on with --store"
+            ) from None
+        store = model._matching(store)
     user, n = _user_id(args.user, model), model.shape_[1]
     if getattr(model, "implicit", False):
         items, scores = model.recommend(  # type: ignore[call-arg]

@@ -570,12 +570,34 @@ def test_evaluate_an_implicit_model(flow, work, run_cli, clients):
     model.fit(str(work / "data" / "ratings.zarr"), client=clients(1)).save(work / "imp.zarr")
     result = json.loads(run_cli("evaluate", "imp.zarr", "-k", "3", "--json")[0])
     assert {"precision@3", "ndcg@3", "auc@3"} <= set(result)
+    out, err = run_cli("evaluate", "imp.zarr", "-k", "40", "--json")  # 30 items: at k=30
+    result = json.loads(out)
+    assert "ranking metrics at k=30" in err and result["k"] == 30 and "precision@30" in result
     for option, value in (("--threshold", "3"), ("--users", "5")):
         _, err = run_cli("evaluate", "imp.zarr", option, value, code=2)
         assert f"{option} is for explicit models" in err
     run_cli("ingest", "ratings.csv", "-o", "data/whole.zarr", "--test-fraction", "0")
     _, err = run_cli("evaluate", "imp.zarr", "data/whole.zarr", code=2)
     assert "no held-out interactions" in err and "data.test_fraction > 0" in err
+
+
+def test_recommend_names_store_when_the_training_store_is_gone(flow, work, run_cli, clients):
+    """A model whose training store was moved or deleted: the error says it is the model's
+    training store and that --store gives it (both kinds of model)."""
+    from cumf_dask.implicit.model import ImplicitALS
+    from cumf_dask.model import ALS
+
+    explicit = ALS.load(flow["run"] / "model.zarr")
+    implicit = ImplicitALS(2, 0.1, 1.0, 1, backend="numpy")
+    implicit.fit(str(work / "data" / "ratings.zarr"), client=clients(1))
+    for name, model in (("explicit", explicit), ("implicit", implicit)):
+        model.store_url_ = str(work / "data" / "moved.zarr")
+        model.save(work / f"{name}-moved.zarr")
+        _, err = run_cli("recommend", f"{name}-moved.zarr", "--user", "user-7", code=3)
+        assert "the model's training store cannot be opened" in err and "with --store" in err
+        out, _ = run_cli("recommend", f"{name}-moved.zarr", "--user", "user-7", "-k", "2",
+                         "--store", "data/ratings.zarr", "--json")  # fmt: skip
+        assert len(json.loads(out)["items"]) == 2
 
 
 def test_a_folder_that_is_not_a_model_is_named_as_such(flow, work, run_cli):

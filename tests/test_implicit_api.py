@@ -86,7 +86,7 @@ def test_similar_items_and_users_are_cosine(fitted):
             np.testing.assert_array_equal(top[row], np.argsort(-cos, kind="stable")[:4])
             assert top[row][0] == q and scores[row][0] == pytest.approx(1.0, abs=1e-5)
     _, scores = model.similar_items([3], k=2)  # an item without interactions: factor 0
-    assert scores[0][0] == pytest.approx(0.0, abs=1e-6)
+    assert (scores == 0).all()  # so not itself first (the docstring's exception)
 
 
 def test_recalculate_user_folds_in_without_refitting(fitted):
@@ -100,6 +100,12 @@ def test_recalculate_user_folds_in_without_refitting(fitted):
     scipy = pytest.importorskip("scipy.sparse")
     matrix = scipy.csr_matrix((v, (r - 7, c)), shape=(2, N))
     np.testing.assert_allclose(model.recalculate_user(matrix), X, rtol=1e-6)
+    halves = (np.repeat(r - 7, 2), np.repeat(c, 2), np.repeat(v / 2, 2))  # each pair twice:
+    np.testing.assert_allclose(model.recalculate_user(halves), X, rtol=1e-5)  # counts summed
+    for bad, message in ((([0], [1.7], [1.0]), "item indices must be .* integers"),
+                         (([0, 1], [1], [1.0]), "1-d arrays of one length")):  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            model.recalculate_user(bad)
     top, _ = model.recommend(["new-a", "new-b"], k=3, user_items=matrix, recalculate_user=True)
     expect = np.argsort(-(X @ model.item_factors_.T), axis=1, kind="stable")
     for row in range(2):
@@ -158,6 +164,10 @@ def test_save_load_and_names(fitted, tmp_path):
     np.testing.assert_array_equal(loaded.user_factors, model.user_factors_)
     top, _ = loaded.recommend([3], k=4)  # liked items from the store the model names
     np.testing.assert_array_equal(top, model.recommend([3], k=4)[0])
+    loaded.store_url_ = str(tmp_path / "moved.zarr")  # the training store moved or deleted
+    with pytest.raises(StoreError, match=r"^the model's training store cannot be opened .* "
+                       r"pass store= .* filter_already_liked_items=False"):  # fmt: skip
+        loaded.recommend([3], k=4)
     assert "ImplicitALS(factors=5" in repr(loaded)
     assert {"loss", "objective"} <= set(model.metrics_[-1])
     explicit = ALS(3, 0.1, 1, backend="numpy").fit(store, client=model._session.client)
@@ -221,7 +231,8 @@ def test_an_unknown_id_error_names_the_id_that_is_not_there():
 
 def _reference_metrics(X, Y, train, test, k, n_items):
     """Per user, implicit 0.7.3's formulas (ranking_metrics_at_k), but nneg without the
-    filtered training items, plus the textbook precision and recall."""
+    filtered training items (nor the held-out ones that are not among them), plus the
+    textbook precision and recall."""
     out = dict.fromkeys(("precision", "recall", "map", "ndcg", "auc"), 0.0)
     hits_all = capped_all = 0.0
     users = sorted({u for u, _ in test})
@@ -230,7 +241,7 @@ def _reference_metrics(X, Y, train, test, k, n_items):
         likes = {i for v, i in test if v == u}
         scores = Y @ X[u]
         ranked = [i for i in np.argsort(-scores, kind="stable") if i not in liked][:k]
-        npos, nneg = len(likes), n_items - len(likes) - len(liked)
+        npos, nneg = len(likes), n_items - len(liked) - len(likes - liked)
         hit = miss = ap = dcg = auc = 0.0
         for pos, item in enumerate(ranked):
             if item in likes:
@@ -268,6 +279,16 @@ def test_ranking_metrics_match_their_definitions(fitted):
         assert got[key] == pytest.approx(value, rel=1e-9), key
     arrays = ranking_metrics_at_k(model, (test_r, test_c), k, train=(train_r, train_c))
     assert arrays == pytest.approx(got)
+    # repeat plays: held-out items that are also training items (never ranked, but positives)
+    rep_r, rep_c = np.r_[test_r, train_r[::3]], np.r_[test_c, train_c[::3]]
+    ref = _reference_metrics(model.user_factors_, model.item_factors_,
+                             list(zip(train_r, train_c, strict=True)),
+                             list(zip(rep_r, rep_c, strict=True)), k, N)  # fmt: skip
+    for train in ((train_r, train_c), None):  # given as arrays, or the model's store
+        got = ranking_metrics_at_k(model, (rep_r, rep_c), k, train=train)
+        assert 0 <= got[f"auc@{k}"] <= 1
+        for key, value in ref.items():
+            assert got[key] == pytest.approx(value, rel=1e-9), key
 
 
 def test_ranking_metrics_take_the_data_own_ids(client2):
@@ -318,6 +339,34 @@ def test_ranking_metrics_of_either_estimator(fitted):
     assert ranking_metrics(explicit, store.url, k=5) == ranking_metrics(explicit, store, k=5)
     with pytest.raises(ConfigError, match=r"got ALS: .* use cumf_dask\.evaluate\.ranking_metrics"):
         ranking_metrics_at_k(explicit, store, 5)
+
+
+def test_ranking_metrics_clamp_k_to_the_items_and_check_arrays(fitted):
+    """k above the n items is n, in the keys and "k" too (as evaluate.ranking_metrics);
+    arrays of unequal lengths or with NaN counts are one clear error."""
+    model, store = fitted
+    got = ranking_metrics_at_k(model, store, N + 5)
+    assert got == ranking_metrics_at_k(model, store, N) and got["k"] == N and f"auc@{N}" in got
+    for name, bad, message in (("test", ([0, 1], [3]), "1-d arrays of one length"),
+                               ("test", ([0, 1], [3, 3], [np.nan, 1]), "counts must be finite"),
+                               ("test", ([0],), r"\(users, items\[, counts\]\)"),
+                               ("train", ([0], [[3]]), "1-d arrays of one length")):  # fmt: skip
+        args = {"test": bad} if name == "test" else {"test": ([0], [3]), "train": bad}
+        with pytest.raises(ConfigError, match=f"^{name} .*{message}"):
+            ranking_metrics_at_k(model, k=3, **args)
+
+
+def test_auc_of_held_out_items_that_are_training_items():
+    """Hand computed: 6 items, trained on 0 and 1, held out 1 (a repeat) and 2; ranked 3, 2.
+    Pairs (positive, negative) over negatives 3, 4, 5: item 2 is below 3 and above 4 and 5
+    (unranked); item 1, never ranked, is below 3 and halfway with 4 and 5: (0+1+1 + 0+.5+.5)/6."""
+    got = _metrics(np.array([[3, 2]]), np.array([0, 0]), np.array([1, 2]), n_items=6,
+                   n_train=np.array([2]), k=2, trained=np.array([True, False]))  # fmt: skip
+    assert got["auc@2"] == pytest.approx(3 / 6) and got["recall@2"] == pytest.approx(1 / 2)
+    # held out only a training item, every other item ranked above it: 0 (it was -1/6)
+    repeat = _metrics(np.array([[1, 2, 3, 4]]), np.array([0]), np.array([0]), 5, np.array([1]),
+                      4, trained=np.array([True]))  # fmt: skip
+    assert repeat["auc@4"] == 0
 
 
 def test_metrics_of_a_perfect_ranking():

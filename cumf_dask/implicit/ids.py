@@ -19,6 +19,7 @@ import numpy as np
 from ..blocks import Block, coo_to_block
 from ..errors import ConfigError
 from ..ids import IdMap
+from ..model import ALS
 
 
 class IdLayer:
@@ -44,14 +45,18 @@ class IdLayer:
         return self._users.ids(index)
 
 
-def interactions_block(user_items: Any, n_rows: int, n_items: int) -> Block:
+def interactions_block(user_items: Any, n_rows: int | None, n_items: int) -> Block:
     """A CSR block of `n_rows` users' interactions over all items.
 
     `user_items`: a SciPy sparse matrix of shape (n_rows, n_items) (what implicit takes), or
-    ``(rows, items, counts)`` arrays with rows in [0, n_rows) (one row per requested user).
+    ``(rows, items, counts)`` arrays with rows in [0, n_rows) (one row per requested user;
+    `n_rows` None: as many as the highest row needs). A pair given more than once is one
+    interaction with the sum of its counts, as SciPy and implicit read it.
     """
     if hasattr(user_items, "tocoo"):
         coo = user_items.tocoo()
+        if n_rows is None:
+            n_rows = coo.shape[0]
         if coo.shape != (n_rows, n_items):
             raise ConfigError(
                 f"user_items is {coo.shape[0]} x {coo.shape[1]}; it needs one row per user "
@@ -59,16 +64,26 @@ def interactions_block(user_items: Any, n_rows: int, n_items: int) -> Block:
             )
         rows, cols, vals = coo.row, coo.col, coo.data
     elif isinstance(user_items, (tuple, list)) and len(user_items) == 3:
-        rows, cols, vals = (np.asarray(a) for a in user_items)
+        rows, cols, vals = user_items
     else:
         raise ConfigError("user_items must be a SciPy sparse matrix or (rows, items, counts)")
-    rows = np.asarray(rows, np.int64)
-    cols = np.asarray(cols, np.int64)
+    rows = ALS._as_indices(rows, "user_items row")
+    cols = ALS._as_indices(cols, "user_items item")
+    vals = np.asarray(vals, np.float64)
+    if not (vals.ndim == 1 and rows.size == cols.size == vals.size):
+        raise ConfigError(
+            "user_items takes rows, items and counts as 1-d arrays of one length, got "
+            f"shapes {rows.shape}, {cols.shape}, {vals.shape}"
+        )
+    if n_rows is None:
+        n_rows = int(rows.max()) + 1 if rows.size else 0
     if rows.size and (rows.min() < 0 or rows.max() >= n_rows):
         raise ConfigError(f"user_items rows must be in [0, {n_rows}): one per user asked for")
     if cols.size and (cols.min() < 0 or cols.max() >= n_items):
         raise ConfigError(f"user_items items must be indices in [0, {n_items})")
-    vals = np.asarray(vals, np.float32)
     if vals.size and (not np.isfinite(vals).all() or vals.min() < 0):
         raise ConfigError("user_items counts must be finite and >= 0")
-    return coo_to_block(rows, cols, vals, 0, 0, n_rows, n_items)
+    pairs, at = np.unique(rows * np.int64(n_items) + cols, return_inverse=True)
+    vals = np.bincount(at, weights=vals, minlength=pairs.size)  # repeated pairs summed
+    rows, cols = pairs // n_items, pairs % n_items
+    return coo_to_block(rows, cols, vals.astype(np.float32), 0, 0, n_rows, n_items)

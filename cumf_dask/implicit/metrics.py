@@ -15,8 +15,14 @@ ranked among the items u has no training interaction with; means over those user
 * ``auc@k``: implicit's k-limited AUC: the negatives ranked below each hit in the top k, the
   negatives outside the top k counted as ranked halfway: ``(sum over misses of the hits
   before them + (hits + npos) / 2 * (nneg - misses)) / (npos nneg)``; but nneg counts only
-  the items that could be ranked (n minus npos minus u's training items), where implicit
-  also counts the training items it filtered out of the ranking.
+  the negatives that could be ranked (n minus u's training items minus the held-out items
+  that are not training items), where implicit also counts the training items it filtered
+  out of the ranking. A held-out item that is also a training item (a repeat play) is one of
+  the npos positives, as in implicit, that the ranking can never hit: it ranks below every
+  ranked negative and halfway among the others.
+
+``k`` above the number of items n is clamped to n (the keys and ``"k"`` say the k used), as
+:func:`cumf_dask.evaluate.ranking_metrics` does.
 
 The split (:func:`train_test_split`) holds out, for each user, ``round(test_fraction * n_u)``
 of their interactions but never all of them, so every user keeps at least one training
@@ -85,7 +91,8 @@ def ranking_metrics_at_k(
     batch: int = 4096,
 ) -> dict[str, float]:
     """precision, recall, capped_recall, map, ndcg and auc at k (module doc) of a fitted
-    ImplicitALS (an explicit ALS: :func:`cumf_dask.evaluate.ranking_metrics`).
+    ImplicitALS (an explicit ALS: :func:`cumf_dask.evaluate.ranking_metrics`), and k (clamped
+    to the number of items) and users.
 
     Parameters
     ----------
@@ -107,6 +114,7 @@ def ranking_metrics_at_k(
         )
     model._check_fitted()
     n_items = model.item_factors_.shape[0]
+    k = min(k, n_items)
     ids = model._ids
     test, train = _opened(test), _opened(train)
     if isinstance(test, RatingsStore):
@@ -119,18 +127,21 @@ def ranking_metrics_at_k(
         t_rows, t_cols, t_vals = test.read_coo("row", split="test")
         train = test if train is None else train
     else:
-        t_rows, t_cols = ids.users(test[0]), ids.items(test[1])
-        t_vals = np.asarray(test[2]) if len(test) > 2 else np.ones(t_rows.size)
+        t_users, t_items, t_vals = _arrays("test", test)
+        t_rows, t_cols = ids.users(t_users), ids.items(t_items)
     keep = t_vals > 0
     t_rows, t_cols = t_rows[keep], t_cols[keep]
     users, pos = np.unique(t_rows, return_inverse=True)
     if users.size == 0:
         raise StoreError("no held-out positive interactions to rank")
+    held_out = pos * np.int64(n_items) + t_cols  # (user position, item) keys
     if train is not None and not isinstance(train, RatingsStore):
-        r, c = ids.users(train[0]), ids.items(train[1])
+        r_users, r_items, _ = _arrays("train", train)
+        r, c = ids.users(r_users), ids.items(r_items)
         at = np.clip(np.searchsorted(users, r), 0, users.size - 1)
         mine = users[at] == r
         pairs = np.unique(at[mine] * np.int64(n_items) + c[mine])  # a repeated pair counts once
+        trained = np.isin(held_out, pairs)
         at, c = pairs // n_items, pairs % n_items
         user_items = (at, c, np.ones(at.size, np.float32))
         n_train = np.bincount(at, minlength=users.size)
@@ -138,8 +149,10 @@ def ranking_metrics_at_k(
     else:
         store = model._seen_store(train)
         n_train = store.counts("row")[users]
+        # a store holds each pair once: its held-out pairs are never its training pairs
+        trained = None if store is test else _trained(store, users, held_out, n_items, batch)
         top, _ = model.recommend_indices(users, k, store=store, batch=batch)
-    return _metrics(top, pos, t_cols, n_items, n_train, k)
+    return _metrics(top, pos, t_cols, n_items, n_train, k, trained)
 
 
 def _opened(data: Any) -> Any:
@@ -147,14 +160,58 @@ def _opened(data: Any) -> Any:
     return RatingsStore.open(os.fspath(data)) if isinstance(data, (str, os.PathLike)) else data
 
 
+def _arrays(name: str, data: Any) -> Triple:
+    """(users, items, counts) of the `test` or `train` arrays (counts 1 when not given),
+    checked: 1-d of one length, counts finite (a NaN would silently drop a pair)."""
+    if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
+        raise ConfigError(
+            f"{name} must be a RatingsStore, its path, or (users, items[, counts]) arrays"
+        )
+    users, items = np.asarray(data[0]), np.asarray(data[1])
+    counts = np.asarray(data[2], np.float64) if len(data) == 3 else np.ones(users.shape)
+    one_length = users.size == items.size == counts.size
+    if not (users.ndim == items.ndim == counts.ndim == 1 and one_length):
+        raise ConfigError(
+            f"{name} takes users, items and counts as 1-d arrays of one length, got shapes "
+            f"{users.shape}, {items.shape}, {counts.shape}"
+        )
+    if not np.isfinite(counts).all():
+        raise ConfigError(f"{name} counts must be finite")
+    return users, items, counts
+
+
+def _trained(
+    store: RatingsStore, users: np.ndarray, held_out: np.ndarray, n_items: int, batch: int
+) -> np.ndarray:
+    """Which `held_out` (user position, item) keys are also training pairs in `store`, read
+    `batch` users at a time."""
+    found = np.zeros(held_out.size, bool)
+    for lo in range(0, users.size, batch):
+        block = store.rows_block(users[lo : lo + batch])
+        rows = np.repeat(np.arange(lo, lo + block.n_rows), np.diff(block.indptr))
+        found |= np.isin(held_out, rows * np.int64(n_items) + block.indices)
+    return found
+
+
 def _metrics(
-    top: np.ndarray, pos: np.ndarray, cols: np.ndarray, n_items: int, n_train: np.ndarray, k: int
+    top: np.ndarray,
+    pos: np.ndarray,
+    cols: np.ndarray,
+    n_items: int,
+    n_train: np.ndarray,
+    k: int,
+    trained: np.ndarray | None = None,
 ) -> dict[str, float]:
     """The module doc's metrics from each user's top (U, k) (-1: no item) and the held-out
-    (user position, item) pairs, a repeated pair counted once."""
+    (user position, item) pairs, a repeated pair counted once; `n_train`: each user's
+    training items (filtered out of the ranking), `trained`: which held-out pairs are also
+    training pairs (default: none)."""
     n_users, width = top.shape
-    truth = np.unique(pos * np.int64(n_items) + cols)
+    truth, first = np.unique(pos * np.int64(n_items) + cols, return_index=True)
     npos = np.bincount(truth // n_items, minlength=n_users).astype(np.float64)
+    rankable = npos
+    if trained is not None:  # positives that are training items cannot be ranked
+        rankable = npos - np.bincount(truth[trained[first]] // n_items, minlength=n_users)
     valid = top >= 0
     hits = valid & np.isin(np.arange(n_users)[:, None] * np.int64(n_items) + top, truth)
     found = hits.sum(axis=1)
@@ -164,7 +221,7 @@ def _metrics(
     gains = 1.0 / np.log2(ranks + 1)
     ideal = np.cumsum(1.0 / np.log2(np.arange(2, k + 2)))[capped.astype(np.int64) - 1]
     misses = valid & ~hits
-    nneg = np.maximum(n_items - npos - n_train, 1)
+    nneg = np.maximum(n_items - n_train - rankable, 1)  # 1: no negative left to rank
     auc = (np.where(misses, before, 0).sum(axis=1)
            + (found + npos) / 2 * (nneg - misses.sum(axis=1))) / (npos * nneg)  # fmt: skip
     return {
@@ -174,5 +231,6 @@ def _metrics(
         f"map@{k}": float(np.mean((hits * before / ranks).sum(axis=1) / capped)),
         f"ndcg@{k}": float(np.mean((hits * gains).sum(axis=1) / ideal)),
         f"auc@{k}": float(np.mean(auc)),
+        "k": k,
         "users": int(n_users),
     }

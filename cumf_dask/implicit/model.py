@@ -13,7 +13,7 @@ from ..checks import check_choice, check_number
 from ..data.store import RatingsStore
 from ..engine import tasks
 from ..engine.fit import ALSParams
-from ..errors import ConfigError, NumericalError
+from ..errors import ConfigError, NumericalError, StoreError
 from ..model import ALS
 from .ids import IdLayer, interactions_block
 
@@ -209,14 +209,23 @@ class ImplicitALS(ALS):
         return session.run_batches(func, shared, batches, name)
 
     def _seen_store(self, store: RatingsStore | str | None) -> RatingsStore:
+        """`store`, else the store the model was trained on, opened (for the items each user
+        has seen); when that one is gone, an error saying how to do without it."""
         store = store if store is not None else getattr(self, "_store", None)
         url = getattr(self, "store_url_", None)
-        if store is None and url:
-            store = url
-        if store is None:
+        if store is None and not url:
             raise ConfigError(
-                "filtering liked items needs the training store (store=) or user_items"
+                "filtering liked items needs the training store: pass store=, user_items, or "
+                "filter_already_liked_items=False"
             )
+        if store is None:
+            try:
+                store = RatingsStore.open(url)
+            except StoreError as exc:
+                raise StoreError(
+                    f"the model's training store cannot be opened ({exc}); pass store= (the "
+                    "store it was trained on), user_items, or filter_already_liked_items=False"
+                ) from None
         return self._matching(store)
 
     def recalculate_user(self, user_items: Any, *, batch: int = 4096) -> np.ndarray:
@@ -227,17 +236,14 @@ class ImplicitALS(ALS):
         x = Y_u^T C_u p_u``. `user_items` is in positions and dense indices, not own ids: a
         SciPy sparse matrix (U, n) whose row r is the r-th user and whose column j is item
         index j (row j of ``item_factors_``; :meth:`item_indices` maps own ids), or
-        ``(rows, items, counts)`` arrays, rows the positions 0..U-1 and items such indices.
+        ``(rows, items, counts)`` arrays, rows the positions 0..U-1 and items such indices
+        (integers; a pair given more than once counts as the sum, as SciPy reads it).
         The model does not change. Batches run on the workers while the fit's client is open.
         Returns (U, f) float32, row r for row r of `user_items`.
         """
         self._check_fitted()
         check_number("batch", batch, 1, integer=True)
-        n_rows = user_items.shape[0] if hasattr(user_items, "shape") else None
-        if n_rows is None:
-            rows = np.asarray(user_items[0], np.int64)
-            n_rows = int(rows.max()) + 1 if rows.size else 0
-        block = interactions_block(user_items, n_rows, self.item_factors_.shape[0])
+        block = interactions_block(user_items, None, self.item_factors_.shape[0])
         return self._fold_in(block, batch)
 
     def _fold_in(self, block: Any, batch: int) -> np.ndarray:
@@ -343,6 +349,8 @@ class ImplicitALS(ALS):
         else:
             X = self.user_factors_[users]
         chunks = [(lo, min(lo + batch, len(users))) for lo in range(0, len(users), batch)]
+        if filter_already_liked_items and given is None and chunks:
+            store = self._seen_store(store)
         batches = []
         for lo, hi in chunks:
             seen: Any = None
@@ -351,7 +359,7 @@ class ImplicitALS(ALS):
 
                 seen = take_rows(given, np.arange(lo, hi))
             elif filter_already_liked_items:
-                seen = (self._seen_store(store), users[lo:hi])
+                seen = (store, users[lo:hi])
             batches.append((X[lo:hi], k, seen, candidates))
         width = min(k, n_items if candidates is None else len(candidates))
         if not batches:
@@ -378,7 +386,8 @@ class ImplicitALS(ALS):
         self, items: Any, k: int = 10, *, batch: int = 4096
     ) -> tuple[np.ndarray, np.ndarray]:
         """The k items most similar to each given item by cosine of their factors, best
-        first; the item itself comes first (score 1), as in implicit. Zero factors score 0."""
+        first; the item itself comes first (score 1), as in implicit, but for an item with a
+        zero factor (no interactions), whose scores are all 0 (it has no direction)."""
         ids = self._ids
         top, score = self._similar(self.item_factors_, ids.items(items), k, batch, "similar-items")
         return ids.item_ids(top), score
@@ -386,8 +395,9 @@ class ImplicitALS(ALS):
     def similar_users(
         self, users: Any, k: int = 10, *, batch: int = 4096
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The k users most similar to each given user by cosine of their factors (itself
-        first), best first."""
+        """The k users most similar to each given user by cosine of their factors, best
+        first: itself first (score 1), but for a user with a zero factor (no interactions),
+        whose scores are all 0."""
         ids = self._ids
         top, score = self._similar(self.user_factors_, ids.users(users), k, batch, "similar-users")
         return ids.user_ids(top), score
