@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -260,6 +261,31 @@ def test_out_of_memory_in_a_task_reaches_the_client_as_device_memory_error(clien
     error = client2.submit(_allocate, pure=False).exception()
     assert type(error) is DeviceMemoryError
     assert "allocating 12 bytes" in str(error) and error.__context__ is None
+
+
+def test_the_plan_that_fits_changes_a_forced_q_too(tmp_path):
+    """Out of memory with plan.q forced: the advice sets each half-step's q (they override
+    plan.q), so doing what it says plans; it used to name the budget alone, and the forced
+    q then failed to fit it."""
+    from types import SimpleNamespace
+
+    from cumf_dask.config import HalfStepConfig, PlanConfig
+    from cumf_dask.engine.fit import suggest_plan
+    from cumf_dask.engine.plan import make_plan
+
+    rows, cols, vals = random_ratings(200, 50, 0.3, seed=4)
+    store = build_store(str(tmp_path / "r.zarr"), rows, cols, vals, shape=(200, 50))
+    counts = store.counts("row"), store.counts("col")
+    user = PlanConfig(q=2)
+    plan = make_plan(200, 50, store.nnz, 128, 2, 10**10, *counts, user)
+    advice = suggest_plan(SimpleNamespace(store=store, plan=plan, client=None), 10**10,
+                          2_000_000, user)  # fmt: skip
+    told = dict(re.findall(r"--set plan\.(\S+)=(\S+)", advice))
+    assert set(told) == {"memory_budget", "x.q", "theta.q"}, advice
+    sides = {s: HalfStepConfig(q=int(told[f"{s}.q"])) for s in ("x", "theta")}
+    rerun = make_plan(200, 50, store.nnz, 128, 2, 10**10, *counts,
+                      PlanConfig(q=2, memory_budget=told["memory_budget"], **sides))  # fmt: skip
+    assert (rerun.x.q, rerun.theta.q) == (sides["x"].q, sides["theta"].q)
 
 
 @pytest.mark.gpu

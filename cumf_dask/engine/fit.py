@@ -26,6 +26,7 @@ What can go wrong, and what happens:
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -666,7 +667,8 @@ def _dask_fraction(name: str, default: float) -> float:
 def suggest_plan(
     engine: SUALSEngine, memory: int, budget: int, plan_config: PlanConfig | None
 ) -> str:
-    """'a plan that fits B per worker: ...; run again with --set plan.memory_budget=B'."""
+    """'a plan that fits B per worker: ...; run again with --set plan.memory_budget=B', and
+    whatever else the user forced that the plan that fits needs changed."""
     store, plan = engine.store, engine.plan
     config = plan_config or PlanConfig()
     mb = f"{max(budget, 0) / 1e6:.1f}MB"
@@ -676,21 +678,33 @@ def suggest_plan(
             f"take (memory limit {memory / 1e6:.0f} MB): give them more memory "
             "(cluster.memory_limit) or use fewer, larger workers"
         )
-    try:
-        fits = make_plan(
+
+    def plan_with(kept: PlanConfig) -> Plan:
+        return make_plan(
             store.m, store.n, store.nnz, plan.x.f, plan.workers, budget, store.counts("row"),
-            store.counts("col"), PlanConfig(memory_budget=str(budget), reduction=config.reduction,
-            groups=config.groups, headroom=config.headroom), plan.backend,
-            host_memory=host_memory(engine.client, plan.backend),
-            held_out=plan.held_out,
+            store.counts("col"), replace(kept, memory_budget=str(budget)), plan.backend,
+            host_memory=host_memory(engine.client, plan.backend), held_out=plan.held_out,
         )  # fmt: skip
-    except PlanError:
+
+    free = PlanConfig(reduction=config.reduction, groups=config.groups, headroom=config.headroom)
+    forced = _forced_dims(config)
+    fits = None
+    for kept in (config, free) if forced else (free,):  # the user's p and q kept if they fit
+        try:
+            fits = plan_with(kept)
+            break
+        except PlanError:
+            continue
+    if fits is None:
         return (
             f"no plan fits {mb} per worker: give the workers more memory "
             "(cluster.memory_limit), use more workers, or fewer factors"
         )
+    changed: dict[str, Any] = {"memory_budget": mb}
+    if kept is free:  # a half-step's own p or q overrides plan.p and plan.q
+        for side, dim in itertools.product(("x", "theta"), forced):
+            changed[f"{side}.{dim}"] = getattr(fits.half(side), dim)
     # a forced tier the plan that fits does not use must be changed too
-    changed = {"memory_budget": mb}
     if config.blocks not in ("auto", fits.blocks):
         changed["blocks"] = fits.blocks
     factors = "host" if fits.host_factor else "device"
@@ -703,6 +717,22 @@ def suggest_plan(
         f"a plan that fits {mb} per worker is update X p={fits.x.p} q={fits.x.q}, update "
         f"Theta p={fits.theta.p} q={fits.theta.q}{where}: run again with "
         + " ".join(f"--set plan.{k}={v}" for k, v in changed.items())
-        + " (Python: plan=PlanConfig("
-        + ", ".join(f"{k}={v!r}" for k, v in changed.items()) + "))"
+        + f" (Python: plan=PlanConfig({_python_args(changed)}))"
     )
+
+
+def _forced_dims(config: PlanConfig) -> list[str]:
+    """The dimensions ("p", "q") the user forced, for both half-steps or for one."""
+    levels = (config, config.x, config.theta)
+    return [dim for dim in ("p", "q") if any(getattr(c, dim) is not None for c in levels)]
+
+
+def _python_args(changed: dict[str, Any]) -> str:
+    """PlanConfig's arguments for `changed` (half-step keys as x=HalfStepConfig(...))."""
+    args = [f"{k}={v!r}" for k, v in changed.items() if "." not in k]
+    for side in ("x", "theta"):
+        dims = {k.split(".")[1]: v for k, v in changed.items() if k.startswith(f"{side}.")}
+        if dims:
+            inner = ", ".join(f"{dim}={v}" for dim, v in dims.items())
+            args.append(f"{side}=HalfStepConfig({inner})")
+    return ", ".join(args)
