@@ -64,10 +64,11 @@ def _modes(p: argparse.ArgumentParser, default: Any) -> None:
                    help="print one JSON document on stdout")  # fmt: skip
 
 
-def _store_layout(p: argparse.ArgumentParser) -> None:
+def _store_layout(
+    p: argparse.ArgumentParser, held_out: str = "share of the ratings held out for testing"
+) -> None:
     p.add_argument("-o", "--output", required=True, help="store path or URL to write")
-    p.add_argument("--test-fraction", type=float, default=0.1,
-                   help="share of the ratings held out for testing (0: none)")  # fmt: skip
+    p.add_argument("--test-fraction", type=float, default=0.1, help=f"{held_out} (0: none)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split")
     p.add_argument("--tile-rows", type=int, help="rows per tile (default: from the shape)")
     p.add_argument("--tile-cols", type=int, help="columns per tile (default: from the shape)")
@@ -84,12 +85,16 @@ def _generate(g: argparse.ArgumentParser) -> None:
     g.add_argument("--rank", type=int, default=10, help="rank of the planted model")
     g.add_argument("--noise", type=float, default=0.1, help="sigma of the Gaussian noise")
     g.add_argument("--skew", type=float, default=0.8, help="Zipf exponent of the degrees")
-    g.add_argument("--rating-min", type=float, help="clip ratings below")
-    g.add_argument("--rating-max", type=float, help="clip ratings above")
-    g.add_argument("--round", action="store_true", help="round ratings to integers")
+    g.add_argument("--rating-min", type=float, help="clip ratings below (within +-1e9)")
+    g.add_argument("--rating-max", type=float, help="clip ratings above (within +-1e9)")
+    g.add_argument("--round", action="store_true", help="round ratings to integers, then clip "
+                   "them to the integers between --rating-min and --rating-max (there must "
+                   "be one)")  # fmt: skip
     g.add_argument("--allow-empty", action="store_true", help="rows/columns may have no rating")
     g.add_argument("--seed", type=int, default=0, help="seed of the planted model and ratings")
-    _store_layout(g)
+    _store_layout(g, "share of the ratings held out for testing, not counting the max(m, n) "
+                  "that give every row and column one (they stay in training; none with "
+                  "--allow-empty)")  # fmt: skip
 
 
 def _ingest(i: argparse.ArgumentParser) -> None:

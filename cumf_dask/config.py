@@ -37,6 +37,7 @@ from .checks import (
 from .data.duplicates import DuplicatePolicy
 from .data.formats import FORMATS
 from .data.hashing import SplitKind
+from .data.limits import SPLIT_SEED_BITS, check_seed
 from .errors import ConfigError
 from .paths import expand_home
 
@@ -61,11 +62,11 @@ class GenerateConfig:
     rank: int = 10  # rank of the planted X* Theta*^T
     noise: float = 0.1  # sigma of the Gaussian noise: the best achievable test RMSE
     skew: float = 0.8  # Zipf exponent of row and column degrees (0 = uniform)
-    rating_min: float | None = None  # clip ratings to [rating_min, rating_max]
+    rating_min: float | None = None  # clip ratings to [rating_min, rating_max] (within +-1e9)
     rating_max: float | None = None
-    round: bool = False  # round ratings to integers (after clipping)
+    round: bool = False  # round ratings to integers, then clip them to the integers in the scale
     nonempty: bool = True  # every row and every column gets at least one rating
-    seed: int = 0
+    seed: int = 0  # in [0, 2**64)
 
 
 @dataclass
@@ -92,8 +93,10 @@ class DataConfig:
     store: str = "data/ratings.zarr"  # the RatingsStore path or URL (read, or written first)
     source: Literal["store", "generate", "ingest"] = "store"
     overwrite: bool = False  # rebuild the store even if a complete one exists
-    test_fraction: float = 0.1  # held-out share (deterministic by seed), 0 for none
-    split_seed: int = 0
+    # held-out share (deterministic by seed), 0 for none; generate: of the ratings beyond
+    # the one per row and column that nonempty gives (those stay in training)
+    test_fraction: float = 0.1
+    split_seed: int = 0  # in [0, 2**63)
     split: SplitKind = "pairs"  # ingest: share of all pairs | "users": of each user's, never all
     tile_rows: int | None = None  # rows per tile (None: chosen from the shape)
     tile_cols: int | None = None
@@ -286,7 +289,9 @@ def load_config(
 
     ``overrides`` are ``dotted.key=value`` strings (``model.factors=64``); values are read
     as YAML, so ``plan.groups=[[0,1],[2,3]]`` works. An error the file causes names the
-    file; one an override causes names the override (``--set model.factor=3: ...``).
+    file; one an override causes names the override (``--set model.factor=3: ...``). Keys
+    that must agree with each other are checked once all overrides are in, so their order
+    does not matter.
     """
     source = str(path) if path is not None else "<config>"
     raw: Any = {}
@@ -302,11 +307,17 @@ def load_config(
         raw = _merge(raw, data)
         config = _build(Config, raw, source, "")
     _check_ranges(config, source)
+    blame, conflict = source, _conflict(config)
     for item in overrides or []:
         where = f"--set {item}"
         raw = _merge(raw, _parse_override(item, where))
         config = _build(Config, raw, where, "")
         _check_ranges(config, where)
+        found = _conflict(config)
+        if found != conflict:  # blame the override that made the keys disagree
+            blame, conflict = where, found
+    if conflict:
+        raise ConfigError(f"{blame}: {conflict}")
     return _expand_home(config)
 
 
@@ -473,6 +484,8 @@ _RANGES: dict[str, Callable[[str, Any], None]] = {
     "data.tile_rows": check_positive_int,
     "data.tile_cols": check_positive_int,
     "data.test_fraction": check_fraction,
+    "data.split_seed": partial(check_seed, bits=SPLIT_SEED_BITS),
+    "data.generate.seed": check_seed,
     "data.generate.scale": _at_least(0, inclusive=False),
     "data.generate.rank": check_positive_int,
     "data.generate.noise": _at_least(0),
@@ -487,23 +500,12 @@ _RANGES: dict[str, Callable[[str, Any], None]] = {
 
 
 def _check_ranges(config: Config, source: str) -> None:
-    """Values of the right type but outside their range, or at odds with another key: one
-    error naming file, key and range, at load, so plan and train refuse before any work.
+    """Values of the right type but outside their range: one error naming file, key and
+    range, at load, so plan and train refuse before any work (keys at odds with each other:
+    :func:`_conflict`).
 
     The checks are those of the Python API (:mod:`cumf_dask.checks`), named by dotted key.
     """
-    ing, model = config.data.ingest, config.model
-    try:
-        check_scale(ing.rating_min, ing.rating_max,
-                    ("data.ingest.rating_min", "data.ingest.rating_max"))  # fmt: skip
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    if model.kind == "explicit" and model.regularization_mode == "plain":
-        raise ConfigError(
-            f"{source}: 'model.regularization_mode' plain is for model.kind: implicit; the "
-            "explicit model uses cuMF's weighted lambda (set weighted or auto, or model.kind: "
-            "implicit)"
-        )
     for key, check in _RANGES.items():
         value: Any = config
         for part in key.split("."):
@@ -514,6 +516,45 @@ def _check_ranges(config: Config, source: str) -> None:
             check(key, value)
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
+
+
+#: model keys only the implicit model reads (the explicit one has no confidence weights)
+_IMPLICIT_ONLY = ("alpha", "confidence", "eps")
+
+
+def _conflict(config: Config) -> str | None:
+    """What makes keys of `config` disagree with each other (a rating scale's ends, settings
+    the model kind or the data source would silently ignore), or None.
+
+    Checked on the config with all its overrides, so that they may come in any order
+    (``--set model.alpha=40 --set model.kind=implicit``); the error names the file or the
+    override that made them disagree.
+    """
+    data, model = config.data, config.model
+    for kind in ("ingest", "generate"):
+        section = getattr(data, kind)
+        names = (f"data.{kind}.rating_min", f"data.{kind}.rating_max")
+        try:
+            check_scale(section.rating_min, section.rating_max, names)
+        except ConfigError as exc:
+            return str(exc)
+    if model.kind == "explicit" and model.regularization_mode == "plain":
+        return ("'model.regularization_mode' plain is for model.kind: implicit; the explicit "
+                "model uses cuMF's weighted lambda (set weighted or auto, or model.kind: "
+                "implicit)")  # fmt: skip
+    default = ModelConfig()
+    changed = [k for k in _IMPLICIT_ONLY if getattr(model, k) != getattr(default, k)]
+    if model.kind == "explicit" and changed:
+        keys = " and ".join(f"'model.{k}' ({getattr(model, k)!r})" for k in changed)
+        verb, them = ("is", f"model.{changed[0]}") if len(changed) == 1 else ("are", "them")
+        return (f"{keys} {verb} for model.kind: implicit (the confidence of counts); the "
+                f"explicit model has no confidence weights: set model.kind: implicit, or "
+                f"remove {them}")  # fmt: skip
+    if data.source == "generate" and data.split == "users":
+        return ("'data.split' users is for data.source: ingest; the generator holds out "
+                "test_fraction of all its pairs (every row and column keeps one in training): "
+                "set data.split: pairs, or leave it out")  # fmt: skip
+    return None
 
 
 def _parse_override(item: str, source: str) -> dict[str, Any]:

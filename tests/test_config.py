@@ -191,8 +191,15 @@ def test_parse_size_errors(text, total, message):
         ("model.regularization=0", r"'model\.regularization' must be > 0"),
         ("model.factors=0", r"'model\.factors' must be >= 1"),
         ("data.test_fraction=1", r"'data\.test_fraction' must be < 1"),
+        ("data.generate.seed=-1", r"'data\.generate\.seed' must be an integer in \[0, 2\*\*64\)"),
+        (f"data.generate.seed={2**64}", r"'data\.generate\.seed' must be an integer in \[0, 2"),
+        (f"data.split_seed={2**63}", r"'data\.split_seed' must be an integer in \[0, 2\*\*63\)"),
+        ("data.generate.rating_min=.nan", r"'data\.generate\.rating_min' must be a finite number"),
+        ("data.generate.rating_max=1e30", r"'data\.generate\.rating_max' must be <= 1000000000"),
+        ("data.generate={rating_min: 5, rating_max: 1}",
+         r"'data\.generate\.rating_min' \(5\.0\) must be below 'data\.generate\.rating_max'"),
     ],
-)
+)  # fmt: skip
 def test_out_of_range_values_are_config_errors(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=[override])
@@ -214,7 +221,8 @@ def test_scientific_notation_in_files_and_overrides(tmp_path):
     path = write(tmp_path, text)
     config = load_config(path)
     assert config.model.regularization == 0.001 and config.data.ingest.rating_min == -100.0
-    config = load_config(path, overrides=["model.regularization=2e-2", "model.alpha=4E1"])
+    config = load_config(path, ["model.regularization=2e-2", "model.alpha=4E1",
+                                "model.kind=implicit"])  # fmt: skip
     assert config.model.regularization == 0.02 and config.model.alpha == 40.0
 
 

@@ -94,6 +94,12 @@ def test_base_60_and_octal_look_alikes_are_not_numbers(tmp_path):
         ("data.ingest.columns=[2,2,2]", r"'data\.ingest\.columns' names column 2 more than once"),
         ("output.name=exp/a", r"'output\.name' is 'exp/a', a path: give a plain name, and the "
          r"folder the runs go in as output\.dir"),
+        ("model.alpha=40", r"'model\.alpha' \(40\.0\) is for model\.kind: implicit .*set "
+         r"model\.kind: implicit, or remove model\.alpha"),
+        ("model={confidence: log, eps: 2}", r"'model\.confidence' \('log'\) and 'model\.eps' "
+         r"\(2\.0\) are for model\.kind: implicit"),
+        ("data={source: generate, split: users}", r"'data\.split' users is for data\.source: "
+         r"ingest; .*set data\.split: pairs"),
     ],
 )  # fmt: skip
 def test_model_and_column_settings_are_checked_at_load(override, message):
@@ -101,9 +107,19 @@ def test_model_and_column_settings_are_checked_at_load(override, message):
         load_config(overrides=[override])
 
 
-def test_plain_regularization_is_fine_for_the_implicit_model():
+def test_implicit_settings_are_fine_for_the_implicit_model_in_any_order():
     config = load_config(overrides=["model.kind=implicit", "model.regularization_mode=plain"])
     assert config.model.regularization_kind() == "plain"
+    config = load_config(overrides=["model.alpha=40", "model.kind=implicit"])  # kind set last
+    assert config.model.alpha == 40.0
+
+
+def test_a_conflict_names_the_override_that_made_it(tmp_path):
+    path = write(tmp_path, "model:\n  kind: implicit\n  eps: 2\n")
+    with pytest.raises(ConfigError, match=r"^--set model\.kind=explicit: 'model\.eps'"):
+        load_config(path, ["model.kind=explicit", "output.name=a"])
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: 'model\\.eps'"):
+        load_config(path, ["output.name=a"], data={"model": {"kind": "explicit"}})
 
 
 def test_home_is_expanded_in_the_folders_a_job_writes(tmp_path, monkeypatch):

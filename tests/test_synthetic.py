@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import asdict, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import dask
 import numpy as np
@@ -15,7 +17,7 @@ from distributed import Client, LocalCluster
 
 from cumf_dask.compat import import_cupy
 from cumf_dask.config import GenerateConfig, load_config
-from cumf_dask.data import synthetic
+from cumf_dask.data import limits, synthetic
 from cumf_dask.data.bands import to_host
 from cumf_dask.data.hashing import hash64, split_mask, stream_key
 from cumf_dask.data.planted import PlantedModel
@@ -32,7 +34,7 @@ from cumf_dask.data.sampling import (
 )
 from cumf_dask.data.store import RatingsStore
 from cumf_dask.data.synthetic import generate
-from cumf_dask.errors import ConfigError, DeviceMemoryError, PlanError, StoreError
+from cumf_dask.errors import ConfigError, CumfWarning, DeviceMemoryError, PlanError, StoreError
 
 SMALL = PlantedModel.create(m=2000, n=300, nnz=40_000, rank=4, noise=0.3, seed=7)
 TILES = {"tile_rows": 256, "tile_cols": 64}
@@ -136,6 +138,16 @@ def test_clipped_rounded_ratings(tmp_path):
     assert set(np.unique(val).tolist()) == {1.0, 2.0, 3.0, 4.0, 5.0}
     assert store.stats["mean"] == pytest.approx(3.4, abs=0.15)
     assert store.source["planted_test_rmse"] > 0.5  # rounding adds error beyond the noise
+
+
+@pytest.mark.parametrize(("lo", "hi", "levels"), [(0.5, 5, [1, 2, 3, 4, 5]), (1.5, 4.5, [2, 3, 4])])
+def test_rounded_ratings_stay_within_a_fractional_scale(lo, hi, levels):
+    """Rounded, then clipped to the integers in the scale: none below 0.5 (rint(0.4) = 0),
+    and both ends reached (rint's halves to even never gave 1.5 -> 2 or 4.5 -> 4 alone)."""
+    gen = PlantedModel.create(m=100, n=50, nnz=1500, noise=0.5, rating_min=lo, rating_max=hi,
+                              round=True)  # fmt: skip
+    row, col, _ = gen.band_pairs(0, gen.m, gen.n)
+    assert np.unique(gen.ratings(row, col)[0]).tolist() == levels
 
 
 def test_planted_values_without_noise(tmp_path):
@@ -321,8 +333,16 @@ def test_scaled_preset_store(tmp_path):
         ({"m": 10, "n": 10, "nnz": 20, "noise": -1}, "noise"),
         ({"m": 10, "n": 10, "nnz": 20, "skew": -0.5}, "skew"),
         ({"m": 10, "n": 10, "nnz": 20, "rating_min": 5, "rating_max": 1}, "rating_min"),
+        ({"m": 10, "n": 10, "nnz": 20, "rating_min": np.nan}, "'rating_min' must be a finite"),
+        ({"m": 10, "n": 10, "nnz": 20, "rating_min": 1, "rating_max": np.inf},
+         "'rating_max' must be a finite"),
+        ({"m": 10, "n": 10, "nnz": 20, "rating_min": 1e30}, r"'rating_min' must be <= 1000000000"),
+        ({"m": 10, "n": 10, "nnz": 20, "rating_min": 0.5, "rating_max": 0.7, "round": True},
+         r"round needs an integer in \[rating_min, rating_max\], and \[0\.5, 0\.7\] holds none"),
+        ({"m": 10, "n": 10, "nnz": 20, "seed": -1}, r"'seed' must be an integer in \[0, 2\*\*64\)"),
+        ({"m": 10, "n": 10, "nnz": 20, "seed": 2**64}, r"'seed' must be an integer in \[0, 2"),
     ],
-)
+)  # fmt: skip
 def test_bad_input(tmp_path, settings, match):
     with pytest.raises(ConfigError, match=match):
         generate(tmp_path / "bad.zarr", PlantedModel.create(**settings))
@@ -357,6 +377,9 @@ def test_bad_options(tmp_path):
         generate(tmp_path / "s.zarr", gen, test_fraction=1.0)
     with pytest.raises(ConfigError, match="tile_rows"):
         generate(tmp_path / "s.zarr", gen, tile_rows=0)
+    for seed in (-1, 2**63):
+        with pytest.raises(ConfigError, match=r"'split_seed' must be an integer in \[0, 2\*\*63\)"):
+            generate(tmp_path / "s.zarr", gen, split_seed=seed)
     if not HAS_CUDA:
         with pytest.raises(ConfigError, match="no CUDA GPU"):
             generate(tmp_path / "s.zarr", gen, use_gpu=True)
@@ -392,6 +415,29 @@ def test_shape_beyond_memory_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(PlanError, match=r"bands of 4,000,000,000 rows.*lower tile_rows"):
         generate(url, replace(huge, m=10**8), tile_rows=4 * 10**9)
     assert not url.exists() and not Path(f"{url}.lock").exists()
+
+
+def test_store_beyond_the_free_disk_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """2,000 unrounded ratings need 2 kB at the least: refused with 1.5 kB free. Rounded
+    ones may compress to almost nothing: never refused on that estimate."""
+    monkeypatch.setattr(limits.shutil, "disk_usage", lambda path: SimpleNamespace(free=1500))
+    url, gen = tmp_path / "d.zarr", PlantedModel.create(m=300, n=40, nnz=2000)
+    with pytest.raises(PlanError, match=r"a store of 2,000 unrounded ratings \(typically 5-14 "
+                       r"bytes each, at least 1\) needs at least 0\.0 GB on disk and "
+                       rf"{re.escape(str(tmp_path))} has 0\.0 GB free; free space there"):
+        generate(url, gen)
+    assert not url.exists() and not list(tmp_path.iterdir())
+    assert generate(url, replace(gen, rating_min=1, rating_max=5, round=True)).nnz > 0
+
+
+def test_far_fewer_held_out_than_asked_is_a_warning(tmp_path):
+    """Every rating of a 200 x 10 store of 200 gives a row its one: none can be held out."""
+    gen = PlantedModel.create(m=200, n=10, nnz=200)
+    with pytest.warns(CumfWarning, match=r"held out 0 of 200 ratings \(0\.0%\), far less than "
+                      r"test_fraction=0\.1 asks: the 200 ratings that give every row and column "
+                      r"one \(nonempty\) stay in training"):
+        store = generate(tmp_path / "f.zarr", gen)
+    assert not store.has_test
 
 
 def test_out_of_memory_while_generating_is_one_clean_error(tmp_path, monkeypatch):

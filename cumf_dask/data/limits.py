@@ -11,11 +11,16 @@ However few its ratings, a store costs memory per row, per column and per band:
 A declared m of 1e14 needs 800 TB for its counts alone: :func:`check_fits` refuses such a
 shape at once, where the build would grow until the system kills it. Large sparse shapes
 that fit are built: a Facebook-shaped store (1e9 x 4.8e7) needs about 8.4 GB of them.
+Likewise :func:`check_disk` refuses a local store that cannot fit on its disk (generate's
+estimate: :data:`NOISY_RATING_BYTES`), and :func:`check_seed` a seed the hashes would take
+for another.
 """
 
 from __future__ import annotations
 
+import shutil
 from numbers import Integral
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, PlanError
@@ -23,6 +28,13 @@ from ..errors import ConfigError, PlanError
 COUNT_BYTES = 8  # an int64 rating count per row and per column
 BAND_BYTES = 2048  # a band's task and summary while the store is built (generously)
 BAND_ROW_BYTES = 96  # per row of the band being generated: degrees, ranks, pair keys
+#: The least disk a generated rating of varied float values takes (both orientations and
+#: the test set; blosc-lz4 with shuffle cannot shrink random float32 values much). Measured
+#: on generated stores (10% held out): 4.7-13.6 bytes per rating unrounded (the values alone
+#: 3.8-6.4), 1.4-8.6 rounded, 0.15 for a full matrix of one rounded value. So only ratings
+#: neither rounded nor clipped to one bound (PlantedModel.varied_values) get this estimate,
+#: a few times below what they took: no store that fits is refused.
+NOISY_RATING_BYTES = 1.0
 
 
 def check_dimension(name: str, value: Any) -> None:
@@ -65,3 +77,32 @@ def check_fits(m: int | None, n: int | None, bands: int, fix: str, band_rows: in
         f"GB of memory ({parts}) and {have / 1e9:,.1f} GB is available; "
         + max(needs, key=lambda need: need[0])[2]
     )
+
+
+def check_disk(url: str, need: float, what: str, fix: str) -> None:
+    """Raise PlanError when `what`, about `need` bytes at least, cannot fit in the free space
+    of the folder a local `url` is written in (its nearest existing parent)."""
+    folder = Path(url).absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if need > free:
+        raise PlanError(
+            f"{what} needs at least {need / 1e9:,.1f} GB on disk and {folder} has "
+            f"{free / 1e9:,.1f} GB free; {fix}"
+        )
+
+
+#: bits of a split seed the train/test split's hash keeps (hashing.split_mask); the
+#: generator's seed keeps 64
+SPLIT_SEED_BITS = 63
+
+
+def check_seed(name: str, value: Any, bits: int = 64) -> None:
+    """A seed in [0, 2**bits): the hashes keep its low `bits` bits, so any other integer would
+    silently give the data of the seed it equals there (-1 that of 2**64 - 1)."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or not 0 <= value < 1 << bits:
+        raise ConfigError(
+            f"'{name}' must be an integer in [0, 2**{bits}), got {value!r}: the hashes keep "
+            f"{bits} bits of a seed, so any other would silently repeat one in that range"
+        )

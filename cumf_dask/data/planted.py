@@ -47,9 +47,10 @@ from typing import Any
 
 import numpy as np
 
-from ..checks import check_number, check_positive_int
+from ..checks import check_number, check_positive_int, check_scale
 from ..errors import ConfigError
 from .hashing import hash64, normal_pairs, stream_key, unit
+from .limits import check_seed
 from .presets import resolve_shape
 from .sampling import (
     Array,
@@ -146,19 +147,28 @@ class PlantedModel:
         """Validate the generator settings and resolve the shape (see :func:`resolve_shape`).
 
         The keywords are those of ``data.generate`` in a config (``GenerateConfig``), so
-        ``PlantedModel.create(**dataclasses.asdict(gen))`` builds a config's model.
+        ``PlantedModel.create(**dataclasses.asdict(gen))`` builds a config's model. The rating
+        scale is checked as ingest checks a declared one (finite, within +-1e9, min < max),
+        and with `round` it must hold an integer; the seed is one of [0, 2**64).
         """
         m, n, nnz = resolve_shape(preset=preset, scale=scale, m=m, n=n, nnz=nnz, nonempty=nonempty)
         check_positive_int("rank", rank)
         check_number("noise", noise, 0)
         check_number("skew", skew, 0)
-        if rating_min is not None and rating_max is not None:
-            check_number("rating_min", rating_min, high=rating_max, high_inclusive=False)
-        return cls(
+        check_scale(rating_min, rating_max)
+        check_seed("seed", seed)
+        model = cls(
             m=m, n=n, nnz=nnz, rank=rank, noise=float(noise), skew=float(skew),
             rating_min=rating_min, rating_max=rating_max, round=round, nonempty=nonempty,
             seed=seed, preset=preset.lower() if preset else None, scale=scale,
         )  # fmt: skip
+        lo, hi = model.value_range
+        if lo is not None and hi is not None and lo > hi:
+            raise ConfigError(
+                f"generate: round needs an integer in [rating_min, rating_max], and "
+                f"[{rating_min}, {rating_max}] holds none; widen the scale, or do not round"
+            )
+        return model
 
     @classmethod
     def from_source(cls, source: dict[str, Any]) -> PlantedModel:
@@ -183,6 +193,29 @@ class PlantedModel:
     def signal_std(self) -> float:
         lo, hi = self.rating_min, self.rating_max
         return (hi - lo) / 4 if lo is not None and hi is not None else 1.0
+
+    @property
+    def value_range(self) -> tuple[float | None, float | None]:
+        """The range the ratings are clipped to (None: open): [rating_min, rating_max], or
+        with `round` the integers in it, [ceil(rating_min), floor(rating_max)], so that a
+        rounded rating never leaves the scale (ratings are rounded, then clipped)."""
+        lo, hi = self.rating_min, self.rating_max
+        if self.round:
+            lo = None if lo is None else float(math.ceil(lo))
+            hi = None if hi is None else float(math.floor(hi))
+        return lo, hi
+
+    @property
+    def varied_values(self) -> bool:
+        """Whether the ratings are varied floats, which compression cannot shrink much (see
+        :data:`.limits.NOISY_RATING_BYTES`): not rounded, and clipped on both sides or on
+        neither (one bound alone may catch them all) to a range of many float32 steps."""
+        lo, hi = self.rating_min, self.rating_max
+        if self.round:
+            return False
+        if lo is None or hi is None:
+            return lo is None and hi is None
+        return hi - lo >= 2.0**-10 * max(abs(lo), abs(hi))
 
     @cached_property
     def _factor_moments(self) -> tuple[float, float]:
@@ -497,7 +530,8 @@ class PlantedModel:
         return (self.x(rows, xp) * self.theta(cols, xp)).sum(axis=1)
 
     def ratings(self, rows: Array, cols: Array, xp: Any = np) -> tuple[Array, Array]:
-        """(rating, clean) of the pairs: clean plus noise, clipped and rounded, float32.
+        """(rating, clean) of the pairs: clean plus noise, rounded and clipped (to
+        :attr:`value_range`), float32.
         `rows` and `cols` are arrays of `xp` (NumPy, or CuPy to compute on the GPU), and so
         are the results."""
         vals, cleans = [], []
@@ -507,6 +541,7 @@ class PlantedModel:
         # spans millions of rows) per chunk, of the rated rows only: rank floats per row
         x_rows = self.x(xp.arange(r_lo, r_lo + span), xp) if span <= rows.size else None
         table = _theta_table(self, xp) if self.n * self.rank <= _THETA_TABLE else None
+        lo, hi = self.value_range
         for c0 in range(0, rows.size, _VALUE_CHUNK):
             r = rows[c0 : c0 + _VALUE_CHUNK]
             c = cols[c0 : c0 + _VALUE_CHUNK]
@@ -523,12 +558,12 @@ class PlantedModel:
             clean = (x * theta).sum(axis=1)
             z = hash64(xp, hash64(xp, xp.uint64(stream_key(self.seed, _NOISE)), r), c)
             val = clean + self.noise * normal_pairs(xp, z)[0]
-            if self.rating_min is not None:
-                val = xp.maximum(val, self.rating_min)
-            if self.rating_max is not None:
-                val = xp.minimum(val, self.rating_max)
             if self.round:
                 val = xp.rint(val)
+            if lo is not None:
+                val = xp.maximum(val, lo)
+            if hi is not None:
+                val = xp.minimum(val, hi)
             vals.append(val.astype(xp.float32))
             cleans.append(clean)
         if not vals:

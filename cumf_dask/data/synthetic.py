@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any, Literal
 
 from ..checks import check_choice, check_fraction, check_positive_int
 from ..devices import has_cuda
-from ..errors import ConfigError, out_of_memory_as
-from ..paths import normalize_url
+from ..errors import ConfigError, CumfWarning, out_of_memory_as
+from ..paths import is_url, normalize_url
 from .bands import band_module, finish_store, init_store, transpose_band, write_band
 from .hashing import split_mask
-from .limits import check_fits
+from .limits import NOISY_RATING_BYTES, SPLIT_SEED_BITS, check_disk, check_fits, check_seed
 from .parallel import Progress, run_tasks
 from .planted import PlantedModel
 from .sampling import Array
@@ -59,9 +60,15 @@ def generate(
     transposition there), "auto" where a worker sees a GPU, False never. On any error the
     partial store is removed (a local `url`) and is never marked complete. A shape whose
     bookkeeping exceeds this machine's memory is a PlanError before anything is written
-    (:func:`~.limits.check_fits`); running out of memory while building, a DeviceMemoryError.
+    (:func:`~.limits.check_fits`), and so is a local store that cannot fit on its disk
+    (:func:`~.limits.check_disk`); running out of memory while building, a DeviceMemoryError.
+
+    `test_fraction` of the ratings beyond the ``max(m, n)`` that `nonempty` forces is held
+    out (the forced ones stay in training), with a CumfWarning when that is far less than
+    `test_fraction` of all of them. `split_seed` is an integer in [0, 2**63).
     """
     check_fraction("test_fraction", test_fraction)
+    check_seed("split_seed", split_seed, SPLIT_SEED_BITS)
     check_positive_int("tile_rows", tile_rows, optional=True)
     check_positive_int("tile_cols", tile_cols, optional=True)
     check_choice("use_gpu", use_gpu, (True, False, "auto"))
@@ -79,13 +86,20 @@ def generate(
     lock = claim(url)  # one writer per target; a killed run's work folder is removed
     try:
         check_target(url, overwrite)  # the old store stays until the new one is complete
+        if not is_url(url) and model.varied_values:
+            check_disk(url, NOISY_RATING_BYTES * nnz, f"a store of {nnz:,} unrounded ratings "
+                       f"(typically 5-14 bytes each, at least {NOISY_RATING_BYTES:g})",
+                       "free space there, write the store elsewhere, or lower nnz (or the "
+                       "preset's scale)")  # fmt: skip
         with writing(url), out_of_memory_as(
             f"generating a {m:,} x {n:,} store", "lower m and n, or tile_rows (rows per band)"
         ):
-            return _build(url, model, test_fraction, split_seed, tile_rows, tile_cols, client,
-                          progress, use_gpu)  # fmt: skip
+            store = _build(url, model, test_fraction, split_seed, tile_rows, tile_cols, client,
+                           progress, use_gpu)  # fmt: skip
     finally:
         lock.release()
+    _warn_few_held_out(model, test_fraction, store.nnz_test)
+    return store
 
 
 def _build(
@@ -136,6 +150,23 @@ def _build(
     except BaseException:
         discard(work)
         raise
+
+
+def _warn_few_held_out(model: PlantedModel, test_fraction: float, n_test: int) -> None:
+    """A CumfWarning when far fewer ratings than `test_fraction` asks (under half) are held
+    out: nonempty's forced ratings stay in training, and few ratings leave few to draw."""
+    asked = test_fraction * model.nnz
+    if n_test >= asked / 2:
+        return
+    forced = (f"the {model.n_forced:,} ratings that give every row and column one (nonempty) "
+              "stay in training; raise nnz, or allow empty rows and columns (nonempty: false, "
+              "--allow-empty)") if model.n_forced else "raise nnz"  # fmt: skip
+    warnings.warn(
+        f"held out {n_test:,} of {model.nnz:,} ratings ({n_test / model.nnz:.1%}), far less "
+        f"than test_fraction={test_fraction} asks: {forced}",
+        CumfWarning,
+        stacklevel=3,
+    )
 
 
 def _row_band(
