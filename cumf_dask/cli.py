@@ -2,7 +2,7 @@
 
 Exit codes a script can rely on: 0 success; 2 bad usage or config; 3 bad data, store or
 model file; 4 no plan fits, or a worker or this machine ran out of memory; 130 interrupted;
-1 anything else.
+143 terminated (SIGTERM, cleaned up as after a Ctrl-C); 1 anything else.
 ``--json`` prints one JSON document on stdout and nothing else there (on failure
 ``{"error": ..., "exit_code": ...}``); ``--quiet`` prints only errors. Both may come before
 or after the command. Progress bars and log lines go to stderr; bars only on a terminal.
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -142,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cumf-dask",
         description="ALS matrix factorization on Dask, on CPUs and GPUs.",
         epilog="exit codes: 0 success, 2 bad usage or config, 3 bad data, store or model "
-        "file, 4 no plan fits or out of memory, 130 interrupted, 1 anything else",
+        "file, 4 no plan fits or out of memory, 130 interrupted, 143 terminated (SIGTERM), 1 "
+        "anything else",
         formatter_class=HelpFormatter,
     )
     _modes(parser, False)
@@ -215,6 +218,29 @@ def _warnings_as_log_lines(out: Output) -> Iterator[None]:
         yield
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, a batch scheduler, `docker stop`), raised like Ctrl-C so that the
+    same cleanup runs: a run folder with nothing in it removed, its lock released."""
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises Terminated in the main thread while a command runs (elsewhere, e.g.
+    main() called from another thread, signals cannot be handled and are left alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    before = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
@@ -229,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
     out = Output(args.quiet, args.json)
     try:
-        with _warnings_as_log_lines(out):
+        with _sigterm_as_interrupt(), _warnings_as_log_lines(out):
             args.func(args, out)
     except CumfError as exc:
         code = next((code for kind, code in EXIT.items() if isinstance(exc, kind)), 1)
@@ -241,9 +267,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{detail}); free memory or use a machine with more. Nothing half-written "
                   "was kept", 4)  # fmt: skip
         return 4
-    except KeyboardInterrupt:
-        out.error("interrupted", 130)
-        return 130
+    except KeyboardInterrupt as exc:
+        code = 143 if isinstance(exc, Terminated) else 130
+        out.error("terminated (SIGTERM)" if code == 143 else "interrupted", code)
+        return code
     return 0
 
 

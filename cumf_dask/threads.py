@@ -4,7 +4,7 @@ sorting, copying): reading and assembling blocks uses it."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import lru_cache
 
 Job = Callable[[], None]
@@ -12,12 +12,15 @@ Job = Callable[[], None]
 
 def run(jobs: Sequence[Job], threads: int) -> None:
     """Run the jobs on a shared pool of `threads` threads (here when one, or one job);
-    the first job's exception is raised after all have run."""
+    the first job's exception is raised after all have run (none still writes into the
+    buffers the caller then frees or reuses)."""
     if threads <= 1 or len(jobs) <= 1:
         for job in jobs:
             job()
         return
-    for future in [_pool(threads).submit(job) for job in jobs]:
+    futures = [_pool(threads).submit(job) for job in jobs]
+    wait(futures)
+    for future in futures:
         future.result()
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -279,6 +280,20 @@ def test_ctrl_c_while_the_libraries_load_is_an_interrupt(monkeypatch, run_cli):
     monkeypatch.setattr("cumf_dask.cli.build_parser", interrupted)
     out, err = run_cli("--json", "info", "x.zarr", code=130)
     assert "interrupted" in err and json.loads(out)["exit_code"] == 130
+
+
+def test_sigterm_cleans_up_as_ctrl_c_does(work, run_cli, monkeypatch):
+    """SIGTERM (`timeout`, a batch scheduler) during a fit: exit 143 and the same cleanup as
+    a Ctrl-C, so no run folder without a finished iteration is left (nor its lock)."""
+
+    def terminated(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr("cumf_dask.model.ALS.fit", terminated)
+    out, err = run_cli("--json", "train", "tiny.yaml", "--set", "output.name=term", code=143)
+    assert "terminated (SIGTERM)" in err and json.loads(out)["exit_code"] == 143
+    assert not list((work / "runs").glob("term*"))
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored after the command
 
 
 def test_generate_and_info(work, run_cli):

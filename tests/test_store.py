@@ -582,3 +582,24 @@ def test_a_targets_lookahead_bounds_the_arrays_decoded_ahead(tmp_path, lookahead
         bands.slice(i)
     with pytest.raises(StoreError, match="fails its checksum"):
         bands.slice(3)
+
+
+def test_a_failed_read_job_is_raised_after_the_others_have_run():
+    """threads.run raises a job's error only once every job is done: the callers free or
+    reuse the buffers the jobs write into."""
+    import threading
+
+    from cumf_dask import threads
+
+    release, done = threading.Event(), []
+
+    def bad() -> None:
+        raise ValueError("bad chunk")
+
+    def slow() -> None:
+        release.wait(0.3)
+        done.append(True)
+
+    with pytest.raises(ValueError, match="bad chunk"):
+        threads.run([bad, slow], 2)
+    assert done == [True]
