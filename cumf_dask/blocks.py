@@ -18,8 +18,20 @@ from typing import Any
 
 import numpy as np
 
-from .errors import StoreError
+from .errors import PlanError, StoreError
 from .threads import run
+
+MAX_COLS = 2**31  # a block's local column indices are int32: it has fewer columns than this
+
+
+def check_columns(n_cols: int) -> None:
+    """Refuse a block of MAX_COLS columns or more, whose int32 column indices would wrap
+    (the planner splits the columns into parts narrower than this)."""
+    if n_cols >= MAX_COLS:
+        raise PlanError(
+            f"a block of {n_cols:,} columns is more than its int32 column indices hold "
+            f"(2^31); plan more parts (plan.p)"
+        )
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,7 @@ def coo_to_block(
     n_cols: int,
 ) -> Block:
     """CSR from local COO (row in [0, n_rows)); entries of a row keep their column order."""
+    check_columns(n_cols)
     order = np.argsort(row, kind="stable")
     counts = np.bincount(row, minlength=n_rows) if row.size else np.zeros(n_rows, np.int64)
     indptr = np.zeros(n_rows + 1, np.int64)
@@ -131,6 +144,7 @@ class Bands:
 def block_on_host(bands: Bands, threads: int = 1) -> Block:
     """The CSR block of decoded bands, built with NumPy, one band per thread."""
     (r0, r1), (c0, c1) = bands.rows, bands.cols
+    check_columns(c1 - c0)  # so the local columns below fit the int32 indices
     parts: list = [None] * bands.count
 
     def cut(i: int) -> None:
@@ -158,7 +172,7 @@ def block_on_host(bands: Bands, threads: int = 1) -> Block:
         row, n_rows, major, minor, val = parts[i]
         lo, hi = int(starts[i]), int(starts[i + 1])
         order = np.argsort(major, kind="stable")
-        np.subtract(minor[order], c0, out=indices[lo:hi], casting="unsafe")
+        np.subtract(minor[order], c0, out=indices[lo:hi], casting="same_kind")
         np.take(val, order, out=values[lo:hi])
         ends = indptr[row + 1 : row + n_rows + 1]
         np.cumsum(np.bincount(major, minlength=n_rows), out=ends)
@@ -171,6 +185,7 @@ def block_on_host(bands: Bands, threads: int = 1) -> Block:
 def select_columns(block: Block, columns: np.ndarray) -> Block:
     """The entries of `block` in the given columns, renumbered 0..len(columns)-1 in that
     order (host arrays; `columns` holds distinct local column indices)."""
+    check_columns(len(columns))
     position = np.full(block.n_cols, -1, np.int64)
     position[np.asarray(columns, np.int64)] = np.arange(len(columns))
     new = position[np.asarray(block.indices, np.int64)]

@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from ..blocks import Bands, Block, block_on_host
+from ..blocks import Bands, Block, block_on_host, check_columns
 from ..compat import import_cupy
 from ..data.sampling import bin_counts
 from ..errors import out_of_memory_as
@@ -942,6 +942,7 @@ class CupyBackend(Backend):
         into :meth:`decode_target`, else copied over) are checked, cut to the block, and
         ordered by one sort of a (row, column) key (int32 when it fits)."""
         (r0, r1), (c0, c1) = bands.rows, bands.cols
+        check_columns(c1 - c0)  # so the local columns fit the int32 indices below
         counts = cp.zeros(r1 - r0, cp.int64)
         indices, values = [], []
         with out_of_memory_as(f"building a block of {r1 - r0:,} rows", _SMALLER):

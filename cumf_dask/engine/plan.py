@@ -18,12 +18,13 @@ several workers each half-step may instead be data parallel over the
 batches the other half-step solved (p = its q, parts where they were solved), whichever the
 cost model (:mod:`.costs`: compute, bytes moved at the link's bandwidth, task overhead)
 predicts faster; and the rating blocks of both orientations are loaded once and kept in
-the workers' memory when they fit next to the working set (``device``), else on GPU workers
+the workers' memory when they fit next to the working set (``device``: the half-steps are
+planned in the room R leaves, so q grows where that makes them fit), else on GPU workers
 in pinned host memory, copied to the GPU by each half-step (``host``: at most half of the
 worker's host memory limit, below Dask's spill threshold; a half-step's blocks of
-STAGED_BLOCK_BYTES or more are copied ahead, so the plan is made again with room for three
-of them), else read from the store by each
-half-step (``store``, one block ahead of the computation). The factors' pieces stay on the
+STAGED_BLOCK_BYTES or more are copied ahead, so the plan has room for three of them), else
+read from the store by each half-step (``store``, one block ahead of the computation, so
+two on a worker). The factors' pieces stay on the
 workers' devices when both fit next to the working set; else (GPU workers, the paper's
 Facebook case) the larger factor lives in pinned host memory: its half-step copies each
 solved batch out, and the other half-step copies it in one part at a time (the part is the
@@ -31,7 +32,8 @@ solved batch out, and the other half-step copies it in one part at a time (the p
 parallel): each part once, with the parts as the outer loop, where the sums of all that
 half-step's batches fit next to two parts and the cost model predicts it faster, else once
 per batch. Partition boundaries balance ratings, not rows, so skewed data loads workers
-evenly.
+evenly; the memory model sizes each (p, q) by its largest batch, part and block (on skewed
+data the batches of light rows have many more rows than m / q).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..blocks import MAX_COLS
 from ..checks import check_choice
 from ..config import BlockTier, FactorTier, PlanConfig, check_size, parse_size
 from ..devices import nvml_groups
@@ -91,6 +94,7 @@ class HalfStepPlan:
     staged: bool = False  # blocks in host memory, each copied to the device ahead of its use
     copied_in: int = 0  # bytes per worker of a fixed factor in host memory copied to the device
     predicted: dict[str, float] = field(default_factory=dict)  # seconds and bytes, .costs
+    why: str = ""  # why p is what it is (the plan table says it)
 
     @property
     def orient(self) -> Literal["row", "col"]:
@@ -187,16 +191,11 @@ class Plan:
                 f"{h.peak / gb:>9.3f}{h.predicted.get('moved', 0) / 1e6:>10.1f}"
                 f"{h.predicted.get('seconds', 0):>12.4f}"
             )
+        lines += [f"update {h.label}: p={h.p}, {h.why}" for h in (self.x, self.theta) if h.why]
         if self.workers > 1:
             link = "in-process" if math.isinf(self.link) else f"{self.link / 1e9:.1f} GB/s"
             how = "measured" if self.link_measured else "assumed"
-            aligned = [h.label for h in (self.x, self.theta) if h.aligned]
-            lines.append(
-                f"cost model: link {link} ({how}); "
-                + (f"update {aligned[0]} is data parallel over the batches the other "
-                   "half-step solved (the fixed factor does not move)" if aligned
-                   else "both half-steps replicate the fixed factor or are forced")
-            )  # fmt: skip
+            lines.append(f"cost model: link {link} ({how})")
         return "\n".join(lines)
 
 
@@ -213,7 +212,8 @@ def block_bytes(nnz: int, held_out: int, workers: int) -> int:
 
 class RowShares:
     """The rows' cumulative share of the ratings, computed once (a cumulative sum over 50M rows
-    takes a third of a second) and split into any number of parts by :meth:`bounds`.
+    takes a third of a second) and split into any number of parts by :meth:`bounds`;
+    :meth:`largest` sizes the largest part of a split, which the memory model needs.
 
     `counts` may be just the number of rows (counts unknown): splits are then even.
     """
@@ -222,25 +222,57 @@ class RowShares:
         self.n = counts if isinstance(counts, int) else len(counts)
         total = 0.0 if isinstance(counts, int) else float(counts.sum())
         self._weight: np.ndarray | None = None
+        self._most = 0.0  # the fullest row's share of the ratings
+        self._largest: dict[tuple[int, int], tuple[int, float, int]] = {}  # asked often
         if total > 0:
             # Blend with an even split of rows so rows without ratings are spread too.
             weight = np.cumsum(counts, dtype=np.float64)
             weight /= total
-            weight += np.arange(1, self.n + 1, dtype=np.float64) * (1e-3 / self.n)
+            weight += np.arange(1, self.n + 1, dtype=np.float64) * (self._EVEN / self.n)
             self._weight = weight
+            self._most = float(counts.max()) / total
+
+    _EVEN = 1e-3  # the even split's weight in the blend
+
+    def _cuts(self, parts: int) -> np.ndarray:
+        """The bounds of :meth:`bounds`, as an array (`parts` already within 1..n)."""
+        n = self.n
+        if self._weight is None:
+            return np.round(np.arange(parts + 1) * n / parts).astype(np.int64)
+        targets = np.arange(1, parts) / parts * self._weight[-1]
+        cuts = np.searchsorted(self._weight, targets, side="left") + 1
+        # strictly increasing, and room left for the parts after each: cut i is at most
+        # n - (parts - i), and at least cut i - 1 plus one (a running maximum of cut - i)
+        i = np.arange(1, parts)
+        cuts = np.maximum.accumulate(np.minimum(cuts, n - parts + i) - i) + i
+        return np.concatenate(([0], cuts, [n]))
 
     def bounds(self, parts: int) -> list[int]:
         """parts + 1 boundaries splitting the rows so each part holds about the same ratings."""
-        n = self.n
-        parts = max(1, min(parts, n))
-        if self._weight is None:
-            return [round(i * n / parts) for i in range(parts + 1)]
-        targets = np.arange(1, parts) / parts * self._weight[-1]
-        cuts = np.searchsorted(self._weight, targets, side="left") + 1
-        bounds = [0, *(int(c) for c in cuts), n]
-        for i in range(1, parts):  # strictly increasing, and room left for the parts after i
-            bounds[i] = min(max(bounds[i], bounds[i - 1] + 1), n - (parts - i))
-        return bounds
+        return self._cuts(max(1, min(parts, self.n))).tolist()
+
+    def largest(self, parts: int, workers: int = 1) -> tuple[int, float, int]:
+        """(rows, share, held) of a split into :meth:`bounds`: the most rows of a part, the
+        largest part's share of the ratings (counts unknown: its share of the rows), and
+        the most rows of the parts one of `workers` holds (part i on worker i mod workers)."""
+        parts = max(1, min(parts, self.n))
+        if (parts, workers) not in self._largest:
+            if parts == self.n:  # a row each: no bounds over every row needed
+                share = self._most if self._weight is not None else 1 / self.n
+                size = (1, share, math.ceil(self.n / workers))
+            else:
+                cuts = self._cuts(parts)
+                rows = np.diff(cuts)
+                if self._weight is None:
+                    share = rows.max() / self.n
+                else:  # the weight less its even part, at each bound
+                    weight = np.concatenate(([0.0], self._weight[cuts[1:] - 1]))
+                    share = (np.diff(weight) - rows * (self._EVEN / self.n)).max()
+                held = np.concatenate((rows, np.zeros(-parts % workers, rows.dtype)))
+                held = held.reshape(-1, workers).sum(axis=0).max()
+                size = (int(rows.max()), float(share), int(held))
+            self._largest[parts, workers] = size
+        return self._largest[parts, workers]
 
 
 def balanced_bounds(counts: np.ndarray | int, parts: int) -> list[int]:
@@ -250,32 +282,35 @@ def balanced_bounds(counts: np.ndarray | int, parts: int) -> list[int]:
 
 
 def _memory(
-    n_rows: int, n_cols: int, nnz: int, f: int, p: int, q: int, fused: bool,
-    parts_outer: bool = False, host_blocks: bool = False, workers: int = 1,
-    fixed_on_host: bool = False,
+    rows: int, cols: int, gathered: int, block: int, n_rows: int, f: int, p: int, fused: bool,
+    parts_outer: bool = False, blocks: BlockTier = "device", fixed_on_host: bool = False,
 ) -> dict:
-    """Bytes per worker by item. p > 1: each worker sums its parts' packed partial (A, B) of
-    a batch, and holds the parts of the fixed factor it gathered (ceil(p / workers) of
-    them) for the half-step; a fixed factor in host memory (`fixed_on_host`) comes to the
+    """Bytes per worker by item, for a batch of `rows` solved rows, a part of `cols` fixed
+    rows and a block of `block` ratings (the largest of each: see :func:`_half_step`) of a
+    half-step solving `n_rows` rows. p > 1: each worker sums its parts' packed partial (A, B)
+    of a batch, and holds the parts of the fixed factor it gathered (`gathered` rows at
+    most) for the half-step; a fixed factor in host memory (`fixed_on_host`) comes to the
     device one part per use, or with `parts_outer` (each part copied in once) two parts
-    (one in use, the next arriving), and the sums of all batches are held;
-    `host_blocks` (R in host memory): a block copied ahead (:func:`staged`) is on the
-    device beside the one computing and the one before, whose kernels may still run.
+    (one in use, the next arriving), and the sums of all batches are held.
+    `blocks` is where R lives: ``store``, the next block is read while one computes;
+    ``host``, a block copied ahead (:func:`staged`) is on the device beside the one
+    computing and the one before, whose kernels may still run.
     `fused` (the GPU's kernels): no f x f A at all; the fused update solves on chip, the
     Gram kernels write packed sums and the solve reads them as they are."""
-    rows = math.ceil(n_rows / q)
-    block = math.ceil(nnz / (p * q)) * RATING_BYTES
+    block *= RATING_BYTES
     if p == 1 or (fixed_on_host and not parts_outer):
-        held = 1
+        fixed = cols
     else:
-        held = 2 if parts_outer else math.ceil(p / workers)
+        fixed = 2 * cols if parts_outer else gathered
     est = {
         "solved batch": rows * f * BYTES,
-        "fixed part": math.ceil(n_cols / p) * f * BYTES * held,
+        "fixed part": fixed * f * BYTES,
         "R block": block,
         "B": rows * f * BYTES,
     }
-    if host_blocks and staged(block):
+    if blocks == "store":
+        est["R block ahead"] = block
+    if blocks == "host" and staged(block):
         est["R blocks ahead"] = 2 * block
     if not fused:  # the NumPy backend's Gram stores every row's f x f A (p > 1: then packs it)
         est["A"] = rows * f * f * BYTES
@@ -308,48 +343,91 @@ def _half_step(
     parts_outer: bool = False,
     fixed_on_host: bool = False,
     seconds: Callable[[int, int], float] | None = None,
-    host_blocks: bool = False,
+    blocks: BlockTier = "device",
 ) -> HalfStepPlan:
     """Choose p and q for one half-step (paper's best practices), honouring forced values;
-    `parts_outer`, `host_blocks`: see :func:`_memory`; `fixed_on_host`: the fixed factor is
+    `parts_outer`, `blocks`: see :func:`_memory`; `fixed_on_host`: the fixed factor is
     in host memory (``copied_in`` counts its bytes that cross to each device). Data
-    parallel, p starts
-    where the fixed factor's part takes half the budget, and more parts are tried
-    (:func:`_fastest_p`, by the predicted `seconds` of (p, q); without it, fewest blocks).
+    parallel, p starts where the fixed factor's part takes half the budget, and more parts
+    are tried (:func:`_fastest_p`, by the predicted `seconds` of (p, q); without it, fewest
+    blocks). A (p, q) is sized by its largest batch, part and block, as the bounds split
+    them (ratings balanced, so skewed data has batches of many more rows than n_rows / q;
+    a block's ratings: its batch's share times its part's), and no part may have 2^31
+    columns or more (a block's column indices are int32).
 
     Its ``predicted`` cost is filled in by make_plan, which knows the link.
     """
+    fixed = "Theta" if side == "x" else "X"
+
+    def memory(p_: int, q_: int, even: bool = False) -> dict:
+        """_memory of (p_, q_); `even`: as if every split were even, the least any needs."""
+        if even:
+            rows, cols = math.ceil(n_rows / q_), math.ceil(n_cols / p_)
+            gathered = math.ceil(n_cols / min(p_, workers))
+            block = math.ceil(nnz / (p_ * q_))
+        else:
+            rows, row_share, _ = row_shares.largest(q_)
+            cols, col_share, gathered = col_shares.largest(p_, workers)
+            block = math.ceil(nnz * row_share * col_share)
+        return _memory(rows, cols, gathered, block, n_rows, f, p_, fused, parts_outer, blocks,
+                       fixed_on_host)  # fmt: skip
+
     def fits(p_: int, q_: int) -> bool:
-        est = _memory(n_rows, n_cols, nnz, f, p_, q_, fused, parts_outer, host_blocks, workers,
-                      fixed_on_host)  # fmt: skip
-        return sum(est.values()) < budget
+        if sum(memory(p_, q_, even=True).values()) >= budget:  # cheap, and rules out most
+            return False
+        return (col_shares.largest(p_, workers)[0] < MAX_COLS
+                and sum(memory(p_, q_).values()) < budget)  # fmt: skip
 
     q_max = max(1, n_rows)
+    p = None if p is None else max(1, min(p, n_cols))
+    q = None if q is None else max(1, min(q, n_rows))
+    forced_p, forced_q = p is not None, q is not None
     if p is None:
-        if fits(1, q_max) or (q is not None and fits(1, q)):
+        if fits(1, q or q_max):
             p = 1
         else:
             first = max(2, math.ceil(n_cols * f * BYTES / (budget / 2)))
             p = _fastest_p(first, n_cols, q, fits, q_max, seconds or operator.mul)
             if p > n_cols:
+                free = fits(1, q_max) or _fastest_p(first, n_cols, None, fits, q_max,
+                                                    operator.mul) <= n_cols  # fmt: skip
+                fix = ("raise q" if q is not None and free
+                       else "use more workers, a larger plan.memory_budget, or fewer factors")
                 raise PlanError(
                     f"update {side}: no partition fits {budget / 1e9:.2f} GB per worker with "
-                    f"f={f} ({n_rows:,} x {n_cols:,}, {nnz:,} ratings); use more workers, a "
-                    "larger plan.memory_budget, or fewer factors"
+                    f"f={f}{f', q={q}' if q is not None else ''} ({n_rows:,} x {n_cols:,}, "
+                    f"{nnz:,} ratings); {fix}"
                 )
     if q is None:
         q = next((qq for qq in _counts_from(1, q_max) if fits(p, qq)), q_max)
-        if p == 1:  # every worker runs as many batches (smaller ones fit too)
-            q = min(q_max, math.ceil(q / workers) * workers)
-    p = max(1, min(p, n_cols))
-    q = max(1, min(q, n_rows))
-    memory = _memory(n_rows, n_cols, nnz, f, p, q, fused, parts_outer, host_blocks, workers,
-                     fixed_on_host)  # fmt: skip
-    if sum(memory.values()) >= budget:
+        if p == 1:  # every worker runs as many batches (when that fits too)
+            rounded = min(q_max, math.ceil(q / workers) * workers)
+            q = rounded if fits(p, rounded) else q
+    cols = col_shares.largest(p, workers)[0]
+    if cols >= MAX_COLS:
         raise PlanError(
-            f"update {side}: p={p}, q={q} needs {sum(memory.values()) / 1e9:.2f} GB per worker, "
-            f"more than the {budget / 1e9:.2f} GB budget; raise q, lower f, or add memory"
+            f"update {side}: p={p} leaves {cols:,} columns in a part, more than a block's "
+            f"int32 column indices hold (2^31); raise p to at least "
+            f"{math.ceil(n_cols / (MAX_COLS - 1))}"
         )
+    est = memory(p, q)
+    if not fits(p, q):
+        fix = "raise q, lower f, or add memory" if q < q_max and fits(p, q_max) else (
+            "lower f or add memory")
+        raise PlanError(
+            f"update {side}: p={p}, q={q} needs {sum(est.values()) / 1e9:.2f} GB per "
+            f"worker, more than the {budget / 1e9:.2f} GB budget; {fix}"
+        )
+    if forced_p:
+        why = "set by the config"
+    elif p == 1:
+        why = f"every worker holds all of {fixed} (it fits)"
+    elif fixed_on_host:
+        why = f"{fixed} is in host memory, copied to the device in parts"
+    elif forced_q:
+        why = f"the config's q={q} leaves batches too big for one worker unsplit"
+    else:
+        why = f"{fixed} does not fit one worker beside a batch, so it is split"
     return HalfStepPlan(
         side=side,
         n_rows=n_rows,
@@ -360,10 +438,11 @@ def _half_step(
         q=q,
         row_bounds=row_shares.bounds(q),
         col_bounds=col_shares.bounds(p),
-        memory=memory,
+        memory=est,
         parts_outer=parts_outer,
-        staged="R blocks ahead" in memory,
+        staged="R blocks ahead" in est,
         copied_in=_copied_in(n_cols, f, p, q, workers, parts_outer) if fixed_on_host else 0,
+        why=why,
     )
 
 
@@ -461,27 +540,37 @@ def make_plan(
                     reduction=config.reduction)  # fmt: skip
 
     def half_steps(
-        room: int, host: Side | None, host_blocks: bool = False
+        room: int, host: Side | None, blocks: BlockTier, forced: dict[str, tuple[Any, Any]]
     ) -> tuple[HalfStepPlan, HalfStepPlan]:
         """The fastest predicted (x, theta) whose working memory fits `room` per worker, with
         factor `host` (if any) in host memory: the other half-step copies each of its parts
-        in once where the sums of all its batches fit, else once per batch. `host_blocks`:
-        R is in host memory (blocks copied ahead take room too)."""
+        in once where the sums of all its batches fit, else once per batch. `blocks`: where
+        R lives (what its blocks take beside the computing one, and in host memory the bytes
+        each half-step copies); `forced`: (p, q) by side, None where the planner chooses."""
+
+        copied = nnz * RATING_BYTES if blocks == "host" else 0  # R's bytes each half-step
+
+        def priced(h: HalfStepPlan) -> None:
+            price(h, blocks_copied=copied)
 
         def half(side: Side, p: int | None, q: int | None) -> HalfStepPlan:
             rows, cols, rc, cc, _ = sides[side]
 
             def plan(parts_outer: bool = False, fixed_on_host: bool = False) -> HalfStepPlan:
                 def seconds(p_: int, q_: int) -> float:
-                    copied = _copied_in(cols, f, p_, q_, workers, parts_outer)
+                    fixed_in = _copied_in(cols, f, p_, q_, workers, parts_outer)
                     return half_step_cost(rows, cols, nnz, f, p_, q_, workers, backend, link_bw,
-                                          copied_in=copied if fixed_on_host else 0,
-                                          reduction=config.reduction).seconds
+                                          copied_in=fixed_in if fixed_on_host else 0,
+                                          reduction=config.reduction,
+                                          blocks_copied=copied).seconds  # fmt: skip
 
-                return _half_step(side, rows, cols, nnz, f, workers, room, rc, cc, p=p, q=q,
-                                  fused=backend == "cupy", parts_outer=parts_outer,
-                                  fixed_on_host=fixed_on_host, seconds=seconds,
-                                  host_blocks=host_blocks)  # fmt: skip
+                h = _half_step(side, rows, cols, nnz, f, workers, room, rc, cc, p=p, q=q,
+                               fused=backend == "cupy", parts_outer=parts_outer,
+                               fixed_on_host=fixed_on_host, seconds=seconds,
+                               blocks=blocks)  # fmt: skip
+                if forced[side][0] is not None:  # (never an aligned alternative's p)
+                    h.why = f"set by {p_keys[side]}"
+                return h
 
             if host is None or host == side:
                 return plan()
@@ -493,40 +582,41 @@ def make_plan(
                     if not (outer or options):
                         raise
             for option in options:
-                price(option)
+                priced(option)
             return min(options, key=lambda h: h.predicted["seconds"])
 
         x, theta = (half(side, *forced[side]) for side in ("x", "theta"))  # type: ignore[arg-type]
         for h in (x, theta):
-            price(h)
+            priced(h)
         candidates = [(x, theta)]
         if workers > 1:
             for side in ("x", "theta"):
-                alternative = _aligned(side, x, theta, forced, half, price)
+                alternative = _aligned(side, x, theta, forced, half, priced)
                 if alternative is not None:
                     candidates.append(alternative)
         return min(candidates, key=lambda c: c[0].predicted["seconds"] + c[1].predicted["seconds"])
 
     sizes = {"x": factor_bytes(m, f, workers), "theta": factor_bytes(n, f, workers)}
     r_bytes = block_bytes(nnz, held_out, workers)
+    p_keys = {side: f"plan.{side}.p" if sc.p is not None else "plan.p"
+              for side, (*_, sc) in sides.items()}  # fmt: skip
+    q_keys = {side: (f"plan.{side}.q" if sc.q is not None else "plan.q", forced[side][1])
+              for side, (*_, sc) in sides.items() if forced[side][1] is not None}  # fmt: skip
 
-    def tiers(host_blocks: bool) -> tuple[Side | None, HalfStepPlan, HalfStepPlan, BlockTier]:
-        """(factor in host memory, x, theta, block tier); `host_blocks`: planned for R in
-        host memory (which the block tier must then still be)."""
-        host_factor, (x, theta) = _factor_tier(
-            config.factors, sizes, usable, backend, partial(half_steps, host_blocks=host_blocks)
-        )
-        working = max(x.peak, theta.peak)
-        on_device = sum(size for side, size in sizes.items() if side != host_factor)
-        host_taken = 2 * sizes[host_factor] if host_factor else 0  # pieces, and parts gathered
-        wanted = "host" if host_blocks else config.blocks
-        blocks = _block_tier(wanted, r_bytes, working + on_device, usable, backend, host_memory,
-                             host_taken)  # fmt: skip
-        return host_factor, x, theta, blocks
+    def tier_plan(
+        tier: BlockTier, free_q: bool = False
+    ) -> tuple[Side | None, tuple[HalfStepPlan, HalfStepPlan]]:
+        """(factor in host memory, (x, theta)) with R's blocks in `tier`. Resident on the
+        workers (``device``), R takes its room first, so the half-steps' q grows to leave
+        it; `free_q`: with the planner's q where the config forced one."""
+        chosen = {side: (pq[0], None) for side, pq in forced.items()} if free_q else forced
+        room = usable - (r_bytes if tier == "device" else 0)
+        return _factor_tier(config.factors, sizes, room, backend,
+                            partial(half_steps, blocks=tier, forced=chosen))  # fmt: skip
 
-    host_factor, x, theta, blocks = tiers(host_blocks=False)
-    if blocks == "host":  # plan again with room for the blocks copied ahead
-        host_factor, x, theta, blocks = tiers(host_blocks=True)
+    host_factor, (x, theta), blocks = _block_tier(
+        config.blocks, tier_plan, r_bytes, usable, backend, host_memory, sizes, q_keys
+    )
     if groups is not None:
         flat = sorted(w for g in groups for w in g)
         if flat != list(range(workers)):
@@ -576,44 +666,87 @@ def _factor_tier(
 
 
 def _block_tier(
-    wanted: BlockTier, size: float, working: int, usable: int, backend: str,
-    host_memory: int | None, host_taken: int = 0,
-) -> BlockTier:
-    """Where `size` bytes of blocks per worker live (see the module doc), next to `working`
-    bytes on the device and `host_taken` in host memory (a factor there). On CPU workers the
-    host is the device, so ``host`` there is ``device``; a GPU plan without the workers'
-    host memory (`host_memory` None) never picks ``host`` by itself."""
+    wanted: BlockTier,
+    plan: Callable[..., tuple[Side | None, tuple[HalfStepPlan, HalfStepPlan]]],
+    size: int,
+    usable: int,
+    backend: str,
+    host_memory: int | None,
+    sizes: dict[str, int],
+    q_keys: dict[str, tuple[str, int]],
+) -> tuple[Side | None, tuple[HalfStepPlan, HalfStepPlan], BlockTier]:
+    """Where `size` bytes of blocks per worker live (see the module doc), and the plan for
+    it: the first of device, host and store (or the tier wanted) that `plan` fits. On CPU
+    workers the host is the device, so ``host`` there is ``device``; a GPU plan without
+    the workers' host memory (`host_memory` None) never picks ``host`` by itself. A
+    refusal names the fixes that fit: another tier, or a larger forced q (`q_keys`: the
+    config's setting and value by side) that leaves room for R on the workers."""
     check_choice("plan.blocks", wanted, ("auto", "device", "host", "store"))
+    word = wanted
     if backend != "cupy" and wanted == "host":
-        wanted = "device"
-    host_room = (host_memory or 0) * HOST_SHARE - host_taken
-    fits = {
-        "device": working + size < usable,
-        "host": backend == "cupy" and size < host_room,
-        "store": True,
-    }
-    if wanted == "auto":
-        return next(tier for tier in ("device", "host", "store") if fits[tier])  # type: ignore[return-value]
-    if not fits[wanted]:
-        room = (
-            f"{usable / 1e9:.2f} GB per worker with {working / 1e9:.2f} GB of working memory"
-            if wanted == "device"
-            else f"half of the host memory limit ({(host_memory or 0) / 1e9:.2f} GB)"
-            + (f" less {host_taken / 1e9:.2f} GB for a factor" if host_taken else "")
-        )
-        others = [t for t in ("device", "host", "store") if t != wanted and fits[t]]
-        raise PlanError(
-            f"plan.blocks is {wanted} but R needs {size / 1e9:.2f} GB per worker, more than "
-            f"{room} allows; set plan.blocks to {' or '.join(others)} (or auto)"
-        )
-    return wanted
+        wanted, word = "device", "host (on CPU workers: their memory)"
+    tiers: list[BlockTier] = ["device", "host", "store"] if backend == "cupy" else [
+        "device", "store"]
+
+    def attempt(tier: BlockTier, free_q: bool = False) -> Any:
+        """(host factor, halves, tier); else why not: a PlanError where the half-steps do
+        not fit at all, or what R takes more room than (str)."""
+        try:
+            host_factor, halves = plan(tier, free_q)
+        except PlanError as exc:
+            if tier == "device":  # the store tier's plan says whether they fit without R
+                return f"the {usable / 1e9:.2f} GB budget per worker leaves beside the half-steps"
+            return exc
+        if tier == "device" and host_factor is not None and wanted == "auto":
+            try:  # R resident is not worth a factor in host memory that need not be there
+                pushed_off = plan("store", free_q)[0] is None
+            except PlanError:
+                pushed_off = False
+            if pushed_off:
+                return "the room that keeps both factors on the device"
+        if tier == "host":
+            taken = 2 * sizes[host_factor] if host_factor else 0  # pieces, and parts gathered
+            if size >= (host_memory or 0) * HOST_SHARE - taken:
+                return (f"half of the host memory limit ({(host_memory or 0) / 1e9:.2f} GB)"
+                        + (f" less {taken / 1e9:.2f} GB for a factor" if taken else "")
+                        + " allows")  # fmt: skip
+        return host_factor, halves, tier
+
+    for tier in tiers if wanted == "auto" else [wanted]:
+        result = attempt(tier)
+        if isinstance(result, tuple):
+            return result
+    if isinstance(result, PlanError):  # the half-steps do not fit (auto: the store's plan)
+        raise result
+    raised: dict[str, int] = {}  # device: the q that leaves room for R, by setting
+    free = attempt("device", free_q=True) if wanted == "device" and q_keys else None
+    for h in free[1] if isinstance(free, tuple) else ():
+        key, q = q_keys.get(h.side, ("", h.q))
+        if h.q > q:
+            raised[key] = max(raised.get(key, 0), h.q)
+    others = [t for t in tiers if t != wanted and isinstance(attempt(t), tuple)]
+    if not (raised or others):  # the half-steps do not fit even without R beside them
+        raise attempt("store")
+    fixes = [f"set plan.blocks to {' or '.join(others)} (or auto)"] if others else []
+    if raised:
+        fixes.insert(0, "raise " + " and ".join(f"{k} to {v}" for k, v in raised.items())
+                     + f" (or leave {'them' if len(raised) > 1 else 'it'} unset)")
+    if wanted == "device":
+        result += " at the forced q" if raised else " at any q"
+    raise PlanError(
+        f"plan.blocks is {word} but R needs {size / 1e9:.2f} GB per worker, more than "
+        f"{result}; {', or '.join(fixes)}"
+    )
 
 
-def _price(h: HalfStepPlan, workers: int, backend: str, link: float, reduction: str) -> None:
-    """Fill in h.predicted from the cost model."""
+def _price(
+    h: HalfStepPlan, workers: int, backend: str, link: float, reduction: str,
+    blocks_copied: float = 0.0,
+) -> None:
+    """Fill in h.predicted from the cost model (`blocks_copied`: :func:`.half_step_cost`)."""
     cost = half_step_cost(
         h.n_rows, h.n_cols, h.nnz, h.f, h.p, h.q, workers, backend, link, aligned=h.aligned,
-        copied_in=h.copied_in, reduction=reduction,
+        copied_in=h.copied_in, reduction=reduction, blocks_copied=blocks_copied,
     )
     h.predicted = {**asdict(cost), "seconds": cost.seconds}
 
@@ -637,5 +770,8 @@ def _aligned(
     except PlanError:
         return None
     alt.aligned = alt.col_bounds == other.row_bounds
+    alt.why = (f"data parallel over the batches update {other.label} solved, where "
+               f"{other.label} stays" if alt.aligned
+               else f"data parallel: predicted faster than every worker gathering {other.label}")
     price(alt)
     return (alt, theta) if side == "x" else (x, alt)
