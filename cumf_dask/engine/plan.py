@@ -288,8 +288,9 @@ def _memory(
     """Bytes per worker by item, for a batch of `rows` solved rows, a part of `cols` fixed
     rows and a block of `block` ratings (the largest of each: see :func:`_half_step`) of a
     half-step solving `n_rows` rows. p > 1: each worker sums its parts' packed partial (A, B)
-    of a batch, and holds the parts of the fixed factor it gathered (`gathered` rows at
-    most) for the half-step; a fixed factor in host memory (`fixed_on_host`) comes to the
+    of a batch, holds those of up to two batches before it until they are reduced, and
+    holds the parts of the fixed factor it gathered (`gathered` rows at most) for the
+    half-step; a fixed factor in host memory (`fixed_on_host`) comes to the
     device one part per use, or with `parts_outer` (each part copied in once) two parts
     (one in use, the next arriving), and the sums of all batches are held.
     `blocks` is where R lives: ``store``, the next block is read while one computes;
@@ -316,7 +317,9 @@ def _memory(
         est["A"] = rows * f * f * BYTES
     if p > 1:
         packed = (f * (f + 1) // 2 + f) * BYTES  # a row's partial (A, B)
-        summed = n_rows if parts_outer else rows
+        # the sums of the batch computing and of the two before it, which wait for their
+        # reduction (a batch's sums wait for those two before it: halfstep._partial_sums)
+        summed = n_rows if parts_outer else min(n_rows, 3 * rows)
         est["partials"] = summed * packed
         est["reduction"] = rows * packed  # a slice's inputs and their sum: about a batch's
     return est
