@@ -171,8 +171,9 @@ class ClusterConfig:
     # local CPU workers as processes (true), as threads of this process (false), or auto:
     # threads for problems up to engine.cluster.IN_PROCESS_MAX_NNZ ratings, else processes
     processes: bool | Literal["auto"] = "auto"
-    memory_limit: Size | None = None  # host memory per local worker (CPU or GPU), e.g. "4GB"
-    devices: list[int] | None = None  # GPUs to use (CUDA_VISIBLE_DEVICES), None: all
+    # host memory per local worker (CPU or GPU), e.g. "4GB"; at most the machine's share each
+    memory_limit: Size | None = None
+    devices: list[int] | None = None  # GPUs to use, 0-based among the visible ones; None: all
     rmm_pool_size: Size | None = None  # RMM pool per GPU worker: "20GB", "50%"; None: 4GB over UCX
     protocol: Protocol = "auto"  # transport between local GPU workers; auto: UCX if it can
     dashboard_address: str | None = ":0"  # None: no dashboard
@@ -464,6 +465,16 @@ def check_run_name(name: str, value: str) -> None:
         )
 
 
+def check_devices(name: str, devices: list[int]) -> None:
+    """GPU positions: at least one, none negative or named twice (one worker per GPU)."""
+    bad = sorted({d for d in devices if d < 0 or devices.count(d) > 1})
+    if not devices or bad:
+        raise ConfigError(
+            f"'{name}' is {devices!r}: give the GPUs to use once each, 0-based among the "
+            "visible ones (e.g. [0, 1]), or null for all"
+        )
+
+
 # dotted key -> its check (a None value, where allowed, is not checked)
 _RANGES: dict[str, Callable[[str, Any], None]] = {
     "model.factors": check_positive_int,
@@ -481,6 +492,7 @@ _RANGES: dict[str, Callable[[str, Any], None]] = {
     "plan.theta.q": check_positive_int,
     "cluster.n_workers": check_positive_int,
     "cluster.threads_per_worker": check_positive_int,
+    "cluster.devices": check_devices,
     "data.tile_rows": check_positive_int,
     "data.tile_cols": check_positive_int,
     "data.test_fraction": check_fraction,

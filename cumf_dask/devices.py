@@ -38,6 +38,22 @@ def cuda_device_count() -> int:
     return count
 
 
+def visible_gpus() -> list[str] | None:
+    """This process's ``CUDA_VISIBLE_DEVICES`` entries (indices or UUIDs), in CUDA's order;
+    None when it is not set (every GPU is visible, in NVML's order)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return None if visible is None else [v.strip() for v in visible.split(",") if v.strip()]
+
+
+def child_visible_devices(positions: list[int]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for worker processes that are to use the GPUs at `positions`
+    among this process's visible ones (cluster.devices, as :func:`gpu_memories` counts
+    them): their entries of this process's ``CUDA_VISIBLE_DEVICES``. Passed on as they are,
+    the positions would name other GPUs where that variable hides some (2,3: [0] is GPU 2)."""
+    visible = visible_gpus()
+    return ",".join(visible[p] if visible is not None else str(p) for p in positions)
+
+
 def gpu_memories() -> list[int]:
     """Total bytes of each visible GPU, in CUDA's order (``CUDA_VISIBLE_DEVICES`` entries:
     indices or UUIDs), from NVML, so without a CUDA context; [] where cupy or NVML is absent."""
@@ -46,7 +62,7 @@ def gpu_memories() -> list[int]:
         return []
     import pynvml
 
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    visible = visible_gpus() or []
     pynvml.nvmlInit()
     try:
         sizes = []

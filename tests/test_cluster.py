@@ -1,26 +1,127 @@
-"""A real multi-process cluster started the way users start one runs a fit end to end."""
+"""Local clusters as cumf-dask starts them (memory limits, GPUs, the dashboard, the keys the
+CPU workers ignore), and a real multi-process cluster started the way users start one, which
+runs a fit end to end."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
+import types
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+import dask
 import numpy as np
 import pytest
 from conftest import random_ratings, rel_err
 from distributed import Client
+from distributed.comm.core import CommClosedError
+from distributed.system import MEMORY_LIMIT
 from reference import reference_als
 
-from cumf_dask.config import PlanConfig
+from cumf_dask.config import ClusterConfig, PlanConfig, load_config
 from cumf_dask.data.spill import build_store
+from cumf_dask.engine import cluster
+from cumf_dask.errors import ConfigError, CumfWarning, DeviceMemoryError
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 # The `dask` command installed next to this Python (what users type: `dask scheduler`).
 DASK = str(Path(sys.executable).with_name("dask"))
+
+
+def test_threaded_workers_share_the_process_without_dask_pausing_them():
+    """Each in-process worker's memory monitor read the whole process's memory against its
+    own share, so all paused once the process passed 80% of one share (a false "ran out of
+    memory" on many-core machines). Their limit stays the planner's budget; no dashboard
+    is served for dashboard_address null."""
+    config = ClusterConfig(backend="numpy", n_workers=2, processes=False, memory_limit="400MB",
+                           dashboard_address=None)  # fmt: skip
+    with cluster.cluster_client(config, nnz=10) as client:
+        for worker in client.cluster.workers.values():
+            manager = worker.memory_manager
+            assert manager.memory_limit == 400_000_000
+            assert manager.memory_pause_fraction is False and "memory_monitor" not in (
+                worker.periodic_callbacks
+            )
+        assert cluster.worker_memory(client, "numpy") == 400_000_000
+        port = client.cluster.scheduler.http_server.port
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5)
+    assert dask.config.get("distributed.worker.memory.pause") == 0.8  # only while starting
+
+
+def test_a_memory_limit_above_the_machine_is_its_share(monkeypatch):
+    """Dask caps each worker alone at the machine's memory: 2 workers were promised 2x it."""
+    config = ClusterConfig(backend="numpy", n_workers=2, memory_limit="100TB")
+    with pytest.warns(CumfWarning, match=r"cluster\.memory_limit 100TB for each of 2 workers is "
+                      r"more than this machine's .* each worker gets"):  # fmt: skip
+        assert cluster.local_resources(config).memory == MEMORY_LIMIT // 2
+    assert cluster._memory_limit(ClusterConfig(memory_limit="1GB"), 2) == 10**9
+
+
+def test_worker_processes_killed_as_they_start_are_one_memory_error():
+    """A memory_limit below a worker process's own size: the nannies kill the workers as
+    they start and the first call to them fails with a closed connection."""
+
+    class Started:  # what _set_up asks of a client whose workers were just killed
+        cluster, closed = None, False
+        scheduler = types.SimpleNamespace(events=None)
+
+        def register_plugin(self, plugin):
+            raise CommClosedError("in <TCP (closed) ConnectionPool.register_worker_plugin>")
+
+        def sync(self, func, topic, callback_timeout):
+            return [(time.time(), {"worker": "tcp://127.0.0.1:1", "rss": 73e6})]
+
+        def close(self):
+            self.closed = True
+
+    client = Started()
+    with pytest.raises(DeviceMemoryError, match=r"^cluster\.memory_limit 50MB is too small for "
+                       r"a worker process: the workers were killed for memory as they started "
+                       r"\(one used 73 MB"):  # fmt: skip
+        cluster._set_up(client, ClusterConfig(memory_limit="50MB"))
+    assert client.closed
+
+
+@pytest.mark.parametrize(
+    ("visible", "devices", "passed"),
+    [(None, [1, 0], "1,0"), ("2,3", [0, 1], "2,3"), ("GPU-a, GPU-b,GPU-c", [2, 0], "GPU-c,GPU-a")],
+)
+def test_devices_are_positions_among_the_visible_gpus(monkeypatch, visible, devices, passed):
+    """cluster.devices as the planner reads them (0-based among CUDA_VISIBLE_DEVICES) reach
+    dask-cuda as the GPUs they name, not as other GPUs the parent process hides."""
+    got = {}
+    fake = types.ModuleType("dask_cuda")
+    fake.LocalCUDACluster = lambda **kwargs: got.update(kwargs)
+    monkeypatch.setitem(sys.modules, "dask_cuda", fake)
+    monkeypatch.setattr(cluster, "has_module", lambda name: name == "dask_cuda")
+    monkeypatch.setattr(cluster, "cuda_device_count", lambda: 3)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    config = ClusterConfig(backend="cupy", devices=devices, memory_limit="100TB",
+                           dashboard_address=None)  # fmt: skip
+    cluster._cuda_cluster(config)
+    assert got["CUDA_VISIBLE_DEVICES"] == passed
+    assert got["memory_limit"] == MEMORY_LIMIT // len(devices)  # the machine shared
+    assert got["dashboard_address"] == ":0" and got["scheduler_kwargs"] == {"dashboard": False}
+
+
+def test_gpu_keys_with_cpu_workers_are_a_warning_and_bad_devices_an_error():
+    config = ClusterConfig(backend="numpy", protocol="ucx", devices=[0], rmm_pool_size="2GB")
+    with pytest.warns(CumfWarning, match=r"^cluster\.protocol ucx and cluster\.devices \[0\] "
+                      r"and cluster\.rmm_pool_size 2GB are for GPU workers, and cluster\.backend "
+                      r"numpy runs CPU workers, which ignore them"):  # fmt: skip
+        cluster.local_resources(config)
+    for devices in ("[-1]", "[0,0]", "[]"):
+        with pytest.raises(ConfigError, match=r"'cluster\.devices' is .*: give the GPUs to use "
+                           r"once each, 0-based among the visible ones"):  # fmt: skip
+            load_config(overrides=[f"cluster.devices={devices}"])
 
 
 @pytest.fixture
@@ -74,6 +175,8 @@ def scheduler_file(tmp_path):
             proc.wait(timeout=30)
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_fit_on_scheduler_and_worker_processes(scheduler_file, tmp_path):
     rows, cols, vals = random_ratings(80, 50, 0.15, seed=8)
     store = build_store(str(tmp_path / "r.zarr"), rows, cols, vals, shape=(80, 50))

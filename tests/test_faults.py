@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +34,7 @@ from cumf_dask import checkpoint as ck
 from cumf_dask import paths
 from cumf_dask.backend.numpy_backend import NumpyBackend
 from cumf_dask.cli import main
-from cumf_dask.config import HalfStepConfig, PlanConfig, load_config
+from cumf_dask.config import ClusterConfig, HalfStepConfig, PlanConfig, load_config
 from cumf_dask.data import spill, synthetic
 from cumf_dask.data.bands import init_store
 from cumf_dask.data.ingest import ingest_arrays
@@ -43,6 +43,7 @@ from cumf_dask.data.spill import build_store
 from cumf_dask.data.store import RatingsStore
 from cumf_dask.data.synthetic import generate
 from cumf_dask.data.target import work_url
+from cumf_dask.engine import cluster
 from cumf_dask.engine.tasks import NonFiniteFactor, check_finite
 from cumf_dask.errors import (
     ConfigError,
@@ -780,3 +781,80 @@ def test_resume_restores_a_final_model_cut_short(store, client2, tmp_path, monke
                        "without --resume"):  # fmt: skip
         train(config, resume=True, client=client2, log=lambda _: None)
     assert (first.run.path / "config.yaml").read_text() == recorded  # the run's record stays
+
+
+# ----------------------------------------------------------------------------- cluster.address
+
+
+@pytest.fixture
+def peer():
+    """peer(greeting): a TCP server thread on a free port of localhost that accepts, sends
+    `greeting` (b"": nothing) and then stays silent, as a web server or an SSH server does
+    for a Dask client; its tcp:// address."""
+    servers = []
+
+    def start(greeting: bytes) -> str:
+        server = socket.create_server(("127.0.0.1", 0))
+        servers.append(server)
+
+        def serve():
+            with suppress(OSError):  # closed at the end of the test
+                while True:
+                    conn, _ = server.accept()
+                    servers.append(conn)
+                    conn.sendall(greeting)
+
+        threading.Thread(target=serve, daemon=True).start()
+        return f"tcp://127.0.0.1:{server.getsockname()[1]}"
+
+    yield start
+    for sock in servers:
+        sock.close()
+
+
+def test_an_address_that_accepts_but_never_answers_fails_in_bounded_time(peer, monkeypatch):
+    """The dashboard's port (a web server waits for a request) held Client() for ever."""
+    monkeypatch.setattr(cluster, "JOIN_S", 0.5)
+    address = peer(b"")
+    began = time.monotonic()
+    says = (rf"cluster\.address {address}: something accepts connections there but does not "
+            r"answer as a Dask scheduler .*dashboard, usually port 8787; the scheduler is usually "
+            r"port 8786")  # fmt: skip
+    with pytest.raises(ConfigError, match=says):
+        cluster.make_client(ClusterConfig(address=address))
+    assert time.monotonic() - began < 5
+
+
+def test_an_address_that_greets_in_another_protocol_is_not_a_memory_error(peer, store, capsys):
+    """An SSH banner's first 8 bytes, read as Dask's frame count, asked for exabytes: the
+    CLI then said that this machine ran out of memory (exit 4)."""
+    address = peer(b"SSH-2.0-OpenSSH_9.6p1 Ubuntu-3ubuntu13\r\n")
+    code, _, err = cli(capsys, "plan", "--store", store.url, "--set", f"cluster.address={address}")
+    assert code == 2 and err.count("error:") == 1, err
+    assert f"cluster.address {address}: what answers there is not a Dask scheduler" in err
+    assert "ran out of memory" not in err
+
+
+@pytest.mark.parametrize(
+    ("address", "says"),
+    [
+        ("ucx://127.0.0.1:18796", "is a UCX address but distributed-ucxx is not installed"),
+        ("tls://127.0.0.1:18796", "is a TLS address but Dask has no TLS config"),
+        ("inproc://127.0.0.1/1/1", "no scheduler of this process is there"),
+    ],
+)
+def test_addresses_this_process_cannot_join_are_one_config_error(address, says):
+    if address.startswith("ucx") and cluster.has_module("distributed_ucxx"):
+        pytest.skip("distributed-ucxx is installed")
+    with pytest.raises(ConfigError, match=rf"cluster\.address {re.escape(address)}:? {says}"):
+        cluster.make_client(ClusterConfig(address=address))
+
+
+def test_a_workers_address_is_not_a_schedulers(clients):
+    shared = clients(1)
+    with cluster.cluster_client(ClusterConfig(address=shared.scheduler.address)) as joined:
+        assert joined.status == "running" and cluster.worker_addresses(joined)
+    worker = cluster.worker_addresses(shared)[0]
+    with pytest.raises(ConfigError, match=rf"cluster\.address {worker} is a Dask Worker, not "
+                       r"a scheduler; give the scheduler's address"):  # fmt: skip
+        cluster.make_client(ClusterConfig(address=worker))

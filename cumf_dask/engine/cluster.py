@@ -7,24 +7,34 @@ already gives the parallelism; threaded BLAS is much slower on many small produc
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
 import socket
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
+import dask
 from distributed import Client, WorkerPlugin
 
 from ..backend import resolve_backend_name
 from ..compat import has_module
 from ..config import ClusterConfig, parse_size, read_size
-from ..devices import cuda_device_count, gpu_memories, gpu_total_memory, has_cuda
-from ..errors import ConfigError, CumfError
+from ..devices import (
+    child_visible_devices,
+    cuda_device_count,
+    gpu_memories,
+    gpu_total_memory,
+    has_cuda,
+)
+from ..errors import ConfigError, CumfError, CumfWarning, DeviceMemoryError
 from . import tasks
 from .placement import COMPUTE
 from .tasks import NonFiniteFactor
@@ -97,6 +107,16 @@ NVLINK_RMM_POOL = "4GB"
 # "Set up and run"); above it, processes, whose nannies restart a worker out of memory
 IN_PROCESS_MAX_NNZ = 20_000_000
 
+# How long joining cluster.address may take: the TCP connect (Dask's retries), and a tenth
+# more for the Dask handshake and a registered client
+JOIN_S = 20.0
+
+# Dask's per-worker memory manager, off for workers that are threads of this process: each
+# would compare the whole process's memory (every worker's data, the client's) with its own
+# limit, and all would pause once the process passes 80% of one worker's share (see
+# make_client). Their limit stays: it is the planner's per-worker budget.
+NO_MEMORY_MANAGER = {f"distributed.worker.memory.{k}": False for k in ("target", "spill", "pause")}
+
 
 def in_process(config: ClusterConfig, nnz: int | None = None) -> bool:
     """Whether a local CPU cluster for `nnz` ratings runs its workers as threads of this
@@ -124,41 +144,163 @@ def make_client(config: ClusterConfig | None = None, nnz: int | None = None) -> 
     """
     config = config or ClusterConfig()
     if config.address:
-        _check_address(config.address)
-        try:
-            client = Client(config.address, timeout="20s")
-        except OSError as exc:
-            raise ConfigError(
-                f"cluster.address: no Dask scheduler answers at {config.address} ({exc}); start "
-                "one with `dask scheduler` or remove cluster.address to run locally"
-            ) from None
-    elif resolve_backend_name(config.backend) == "cupy":
+        return _join(config.address)
+    if resolve_backend_name(config.backend) == "cupy":
         client = Client(_cuda_cluster(config))
     else:
         from distributed import LocalCluster
 
-        kwargs: dict[str, Any] = {}
-        if config.memory_limit:
-            kwargs["memory_limit"] = parse_size(config.memory_limit)
-        cluster = LocalCluster(
-            n_workers=cpu_workers(config),
-            processes=not in_process(config, nnz),
-            threads_per_worker=config.threads_per_worker + 1,
-            resources={COMPUTE: config.threads_per_worker},
-            dashboard_address=_dashboard(config),
-            **kwargs,
-        )
+        workers, threads = cpu_workers(config), in_process(config, nnz)
+        limit = _memory_limit(config, workers)
+        # threads of this process: the memory manager off while they are made (NO_MEMORY_MANAGER)
+        with dask.config.set(NO_MEMORY_MANAGER if threads else {}):
+            cluster = LocalCluster(
+                n_workers=workers,
+                processes=not threads,
+                threads_per_worker=config.threads_per_worker + 1,
+                resources={COMPUTE: config.threads_per_worker},
+                **({"memory_limit": limit} if limit else {}),
+                **_dashboard_options(config),
+            )
         client = Client(cluster)
+    _set_up(client, config)
+    return client
+
+
+def _set_up(client: Client, config: ClusterConfig) -> None:
+    """CumfWorkerSetup on the workers of a local cluster just started. Worker processes that
+    cluster.memory_limit is too small for are killed by their nannies as they start, and
+    the registration then fails with a closed connection: one DeviceMemoryError instead,
+    and the cluster closed."""
+    try:
+        client.register_plugin(CumfWorkerSetup())
+    except Exception:
+        killed = _restarted_for_memory(client)
+        _close(client)
+        if not killed:
+            raise
+        raise DeviceMemoryError(
+            f"cluster.memory_limit {config.memory_limit} is too small for a worker process: "
+            f"the workers were killed for memory as they started (one used {killed / 1e6:.0f} "
+            "MB, past the limit's terminate threshold); give each 1GB or more, or remove "
+            "cluster.memory_limit"
+        ) from None
+
+
+def _restarted_for_memory(client: Client) -> int:
+    """The process memory of a worker its nanny restarted for memory, else 0 (asked twice:
+    the nanny's event may come just after the failure it caused)."""
+    for attempt in range(2):
+        with suppress(Exception):
+            events = client.sync(client.scheduler.events, topic="worker-restart-memory",
+                                 callback_timeout=10)  # fmt: skip
+            if events:
+                return max(int(event.get("rss") or 1) for _, event in events)
+        if attempt == 0:
+            time.sleep(0.5)
+    return 0
+
+
+def _close(client: Client) -> None:
+    """Close `client` and the local cluster it started, if any."""
+    cluster = client.cluster
+    client.close()
+    if cluster is not None:
+        cluster.close()
+
+
+def _join(address: str) -> Client:
+    """A Client of the Dask scheduler at `address` (cluster.address), or one ConfigError
+    saying why not, within about JOIN_S seconds whatever answers there.
+
+    Dask's connect timeout covers the TCP connect only: a peer that accepts and then says
+    nothing (a web server, such as the Dask dashboard) would hold Client() for ever, and one
+    that greets in its own protocol (an SSH server) makes Dask allocate exabytes for a frame
+    count (a MemoryError, not this machine's). So the address is first asked who it is, on a
+    loop of its own and under a deadline; only a Dask scheduler gets a Client.
+    """
+    _check_address(address)
+    start = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:  # a loop of its own even where this thread has one
+        try:
+            kind = pool.submit(asyncio.run, _identify(address)).result()
+        except asyncio.TimeoutError:  # the TCP connect's own timeout is an OSError (below)
+            raise ConfigError(
+                f"cluster.address {address}: something accepts connections there but does "
+                f"not answer as a Dask scheduler within {1.1 * JOIN_S:.0f} s (a web server "
+                "does that, such as the Dask dashboard, usually port 8787; the scheduler "
+                "is usually port 8786); give the scheduler's address, or remove "
+                "cluster.address to run locally"
+            ) from None
+        except Exception as exc:
+            raise _not_joined(address, exc) from None
+    if kind != "Scheduler":
+        raise ConfigError(
+            f"cluster.address {address} is a Dask {kind or 'peer of an unknown kind'}, not a "
+            "scheduler; give the scheduler's address (`dask scheduler` prints it; usually "
+            "port 8786), or remove cluster.address to run locally"
+        )
+    client = Client.__new__(Client)  # made in two steps, so that a failed start is closed
+    try:
+        client.__init__(address, timeout=max(1.1 * JOIN_S - (time.monotonic() - start), 5.0))
+    except Exception as exc:
+        with suppress(Exception):
+            client.close(timeout=1)
+        raise _not_joined(address, exc) from None
     client.register_plugin(CumfWorkerSetup())
     return client
 
 
+async def _identify(address: str) -> str | None:
+    """The kind of Dask server at `address` ("Scheduler", "Worker", "Nanny"), from its
+    handshake and its identity, within 1.1 JOIN_S seconds (JOIN_S for the TCP connect)."""
+    from distributed.comm import connect
+    from distributed.security import Security
+
+    async def ask() -> str | None:
+        args = Security().get_connection_args("client")
+        comm = await connect(address, timeout=JOIN_S, **args)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            reply = await comm.read()
+        finally:
+            comm.abort()
+        return str(reply.get("type")) if isinstance(reply, dict) else None
+
+    return await asyncio.wait_for(ask(), 1.1 * JOIN_S)
+
+
+def _not_joined(address: str, exc: Exception) -> ConfigError:
+    """The error for joining `address` failed with `exc`: nothing there (OSError), else
+    something that is not a Dask scheduler (a MemoryError: a greeting in another protocol
+    read as a Dask frame count)."""
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if address.startswith("inproc://"):
+        return ConfigError(
+            f"cluster.address {address}: no scheduler of this process is there ({detail}); "
+            "an inproc:// address is reachable only from inside the process that runs its "
+            "scheduler: give the scheduler's tcp:// address"
+        )
+    if isinstance(exc, OSError):
+        return ConfigError(
+            f"cluster.address: no Dask scheduler answers at {address} ({exc}); start one with "
+            "`dask scheduler` or remove cluster.address to run locally"
+        )
+    return ConfigError(
+        f"cluster.address {address}: what answers there is not a Dask scheduler (Dask could "
+        f"not read its reply: {type(exc).__name__}); give the scheduler's address (`dask "
+        "scheduler` prints it; usually port 8786), or remove cluster.address to run locally"
+    )
+
+
 def _check_address(address: str) -> None:
-    """A scheduler address Dask can parse (a known scheme; a port for tcp and tls), else a
-    ConfigError: checked before a Client is made, as a Client that fails to parse it is left
-    half started (its cleanup waits for the connect timeout, twice)."""
+    """A scheduler address Dask can parse and this process can connect to (a known scheme;
+    a port for tcp and tls; distributed-ucxx for ucx, a TLS config for tls), else a
+    ConfigError: checked before anything connects, as Dask's errors for these are
+    tracebacks."""
     from distributed.comm.addressing import parse_address, parse_host_port
     from distributed.comm.registry import get_backend
+    from distributed.security import Security
 
     try:
         scheme, location = parse_address(address)
@@ -170,6 +312,18 @@ def _check_address(address: str) -> None:
             f"cluster.address {address!r} is not a scheduler address ({exc}); give one such "
             "as tcp://host:8786, or remove cluster.address to run locally"
         ) from None
+    if scheme == "ucx" and not has_module("distributed_ucxx"):
+        raise ConfigError(
+            f"cluster.address {address} is a UCX address but distributed-ucxx is not "
+            "installed: pip install 'cumf-dask[gpu]' (it brings distributed-ucxx-cu13), or "
+            "give the scheduler's tcp:// address"
+        )
+    if scheme in ("tls", "wss") and Security().get_connection_args("client")["ssl_context"] is None:
+        raise ConfigError(
+            f"cluster.address {address} is a TLS address but Dask has no TLS config: set "
+            "distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and .key in Dask's "
+            "config (or DASK_DISTRIBUTED__COMM__TLS__... variables), or give a tcp:// address"
+        )
 
 
 @contextmanager
@@ -179,10 +333,7 @@ def cluster_client(config: ClusterConfig | None = None, nnz: int | None = None) 
     try:
         yield client
     finally:
-        cluster = client.cluster
-        client.close()
-        if cluster is not None:
-            cluster.close()
+        _close(client)
 
 
 def _cuda_cluster(config: ClusterConfig) -> Any:
@@ -214,12 +365,14 @@ def _cuda_cluster(config: ClusterConfig) -> Any:
                 f"cluster.devices {config.devices}: GPU ids {bad} do not exist "
                 f"({available} visible)"
             )
-        kwargs["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, config.devices))
+        kwargs["CUDA_VISIBLE_DEVICES"] = child_visible_devices(config.devices)
     elif config.n_workers:
         kwargs["n_workers"] = config.n_workers
-    if config.memory_limit:
-        kwargs["memory_limit"] = parse_size(config.memory_limit)
-    ucx = cuda_protocol(config.protocol, len(gpu_ids(config))) == "ucx"
+    gpus = len(gpu_ids(config))
+    limit = _memory_limit(config, gpus)
+    if limit:
+        kwargs["memory_limit"] = limit
+    ucx = cuda_protocol(config.protocol, gpus) == "ucx"
     pool = rmm_pool(config, ucx)
     if pool:  # CuPy allocates from it too: one pool for the kernels and the transfers
         kwargs["rmm_pool_size"] = pool
@@ -227,8 +380,7 @@ def _cuda_cluster(config: ClusterConfig) -> Any:
     if ucx:
         kwargs.update(protocol="ucx", enable_nvlink=True, enable_tcp_over_ucx=True)
         _log.info("GPU workers talk over UCX (NVLink), RMM pool of %s each", pool or "none")
-    kwargs["dashboard_address"] = _dashboard(config)
-    return LocalCUDACluster(**kwargs)
+    return LocalCUDACluster(**kwargs, **_dashboard_options(config))
 
 
 def rmm_pool(config: ClusterConfig, ucx: bool) -> str | int | float | None:
@@ -267,6 +419,16 @@ def cuda_protocol(protocol: str, gpus: int) -> str:
 def transport(client: Client) -> str:
     """The scheduler's protocol as a word for logs: "tcp", "ucx", "inproc"."""
     return str(client.scheduler.address).split("://", 1)[0]
+
+
+def _dashboard_options(config: ClusterConfig) -> dict[str, Any]:
+    """A local cluster's dashboard arguments. null: no dashboard; the scheduler still serves
+    Dask's health and metrics routes over HTTP (as ``dask scheduler --no-dashboard`` does),
+    on a free port (:func:`_dashboard`)."""
+    options: dict[str, Any] = {"dashboard_address": _dashboard(config)}
+    if config.dashboard_address is None:
+        options["scheduler_kwargs"] = {"dashboard": False}
+    return options
 
 
 def _dashboard(config: ClusterConfig) -> str:
@@ -317,6 +479,8 @@ def local_resources(config: ClusterConfig, nnz: int | None = None) -> Resources:
     of memory per CPU worker, or cluster.memory_limit; each GPU's memory from NVML, with no
     CUDA context). Not for cluster.address: a running cluster is asked through a client."""
     backend = resolve_backend_name(config.backend)
+    if backend == "numpy":
+        _warn_gpu_keys(config)
     if backend == "cupy":
         ids = gpu_ids(config)
         sizes = gpu_memories()
@@ -340,17 +504,54 @@ def local_resources(config: ClusterConfig, nnz: int | None = None) -> Resources:
                      "inproc" if in_process(config, nnz) else "tcp")  # fmt: skip
 
 
+def _warn_gpu_keys(config: ClusterConfig) -> None:
+    """A CumfWarning naming the GPU workers' keys set in `config` when the workers are CPU
+    ones, which ignore them."""
+    keys = [f"cluster.{key} {value}" for key, value in (
+        ("protocol", config.protocol if config.protocol == "ucx" else None),
+        ("devices", config.devices), ("rmm_pool_size", config.rmm_pool_size),
+    ) if value is not None]  # fmt: skip
+    if keys:
+        backend = "auto (no GPU is visible here)" if config.backend == "auto" else config.backend
+        verb, them = ("is", "it") if len(keys) == 1 else ("are", "them")
+        warnings.warn(
+            f"{' and '.join(keys)} {verb} for GPU workers, and cluster.backend {backend} "
+            f"runs CPU workers, which ignore {them}: set cluster.backend: cupy on a machine "
+            f"with a GPU, or remove {them}",
+            CumfWarning,
+            stacklevel=3,
+        )
+
+
+def _memory_limit(config: ClusterConfig, workers: int, warn: bool = False) -> int | None:
+    """cluster.memory_limit in bytes for each of `workers` local workers, None when not set:
+    at most the machine's memory shared by them (Dask caps each worker alone at all of it,
+    which would promise `workers` times the machine). `warn`: a CumfWarning when capped."""
+    if not config.memory_limit:
+        return None
+    from distributed.system import MEMORY_LIMIT
+
+    asked, share = parse_size(config.memory_limit), MEMORY_LIMIT // max(workers, 1)
+    if asked > share and warn:
+        warnings.warn(
+            f"cluster.memory_limit {config.memory_limit} for each of {workers} workers is more "
+            f"than this machine's {MEMORY_LIMIT / 1e9:.2f} GB of memory: each worker gets "
+            f"{share / 1e9:.2f} GB, its share",
+            CumfWarning,
+            stacklevel=4,
+        )
+    return min(asked, share)
+
+
 def _host_limit(config: ClusterConfig, workers: int) -> int:
-    """The memory limit each of `workers` local workers gets: cluster.memory_limit as a
-    Worker reads it (capped at the system's), else the system's memory shared by them
+    """The memory limit each of `workers` local workers gets: cluster.memory_limit (capped,
+    with a warning: :func:`_memory_limit`), else the system's memory shared by them
     (LocalCluster's and LocalCUDACluster's default)."""
     from distributed.worker_memory import parse_memory_limit
 
-    if config.memory_limit:
-        limit = parse_memory_limit(parse_size(config.memory_limit), config.threads_per_worker + 1,
-                                   logger=_log)  # fmt: skip
-    else:
-        limit = parse_memory_limit("auto", 1, workers, logger=_log)
+    limit = _memory_limit(config, workers, warn=True) or parse_memory_limit(
+        "auto", 1, workers, logger=_log
+    )
     if not limit:
         import psutil
 
