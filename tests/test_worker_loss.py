@@ -76,6 +76,17 @@ def test_workers_are_asked_of_the_scheduler_not_the_client_cache(client2, monkey
     assert client2.scheduler_info(n_workers=-1)["workers"] == {}
     assert len(workers_info(client2)) == 2 and len(worker_addresses(client2)) == 2
 
+def _ignores_ctrl_c() -> bool:
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_worker_processes_leave_ctrl_c_to_this_process(procs):
+    """A terminal's Ctrl-C reaches every process of the group: the workers ignore it (their
+    tracebacks buried the command's one line), and this process, which closes them, not."""
+    assert all(procs.run(_ignores_ctrl_c).values())
+    assert not _ignores_ctrl_c()
+
+
 def test_killed_worker_is_replaced_and_the_fit_goes_on(procs, data):
     pids = procs.run(os.getpid)
     victim = sorted(pids)[0]

@@ -11,7 +11,9 @@ import asyncio
 import logging
 import math
 import os
+import signal
 import socket
+import threading
 import time
 import warnings
 from collections import Counter
@@ -167,13 +169,30 @@ def make_client(config: ClusterConfig | None = None, nnz: int | None = None) -> 
     return client
 
 
+class IgnoreCtrlC(WorkerPlugin):
+    """Worker processes of a local cluster ignore SIGINT. A terminal's Ctrl-C goes to the
+    whole process group, and each worker's KeyboardInterrupt traceback (60-100 lines in
+    all) buried the command's one line; this process closes the workers instead. Workers
+    that are threads of this process are left alone."""
+
+    name = "cumf-dask-ignore-ctrl-c"
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+
+    def setup(self, worker: Any) -> None:
+        if os.getpid() != self.owner and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _set_up(client: Client, config: ClusterConfig) -> None:
-    """CumfWorkerSetup on the workers of a local cluster just started. Worker processes that
-    cluster.memory_limit is too small for are killed by their nannies as they start, and
-    the registration then fails with a closed connection: one DeviceMemoryError instead,
-    and the cluster closed."""
+    """CumfWorkerSetup and IgnoreCtrlC on the workers of a local cluster just started.
+    Worker processes that cluster.memory_limit is too small for are killed by their nannies
+    as they start, and the registration then fails with a closed connection: one
+    DeviceMemoryError instead, and the cluster closed."""
     try:
         client.register_plugin(CumfWorkerSetup())
+        client.register_plugin(IgnoreCtrlC())
     except Exception:
         killed = _restarted_for_memory(client)
         _close(client)
