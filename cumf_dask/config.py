@@ -244,6 +244,15 @@ def read_size(text: str | int | float) -> tuple[float, bool]:
     return value, (0 < value <= 1) if share is None else share
 
 
+def size_text(size: float) -> str:
+    """Bytes as people read them: 12.3 kB, 4.5 MB, 6.7 GB (parse_size reads them back)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000:
+            return f"{size:.3g} {unit}"
+        size /= 1000
+    return f"{size:,.1f} TB"
+
+
 def parse_size(text: str | int | float | None, total: int | None = None) -> int | None:
     """Bytes from ``"12GB"``, ``"512MiB"``, ``"10%"``, a fraction ``0.8`` of `total`, or an int."""
     if text is None:

@@ -13,6 +13,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .config import size_text
+
 
 class Output:
     """Where the command talks: rich on stderr for people, JSON on stdout for scripts.
@@ -119,15 +121,6 @@ def report_store(store: Any, out: Output, verified: dict[str, Any] | None = None
         Console().print(table)
 
     out.result(info, human)
-
-
-def size_text(size: float) -> str:
-    """12.3 kB, 4.5 MB, 6.7 GB."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1000:
-            return f"{size:.3g} {unit}"
-        size /= 1000
-    return f"{size:,.1f} TB"
 
 
 def _short(value: Any) -> str:

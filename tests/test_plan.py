@@ -150,7 +150,7 @@ def test_gpu_blocks_go_to_host_memory_then_to_the_store():
     assert _gpu_plan(4, memory_budget="2.5GB").blocks == "store"  # half of 4 GB does not
     assert _gpu_plan(4, blocks="store").blocks == "store"
     with pytest.raises(PlanError, match=r"plan\.blocks is host .* half of the host memory "
-                       r"limit \(4\.00 GB\) allows; set plan\.blocks to store"):
+                       r"limit \(4 GB\) allows; set plan\.blocks to store"):
         _gpu_plan(4, memory_budget="2.5GB", blocks="host")
     with pytest.raises(PlanError, match=r"plan\.blocks is host .* set plan\.blocks to device or"):
         _gpu_plan(4, blocks="host")

@@ -49,7 +49,7 @@ import numpy as np
 
 from ..blocks import MAX_COLS
 from ..checks import check_choice
-from ..config import BlockTier, FactorTier, PlanConfig, check_size, parse_size
+from ..config import BlockTier, FactorTier, PlanConfig, check_size, parse_size, size_text
 from ..devices import nvml_groups
 from ..errors import ConfigError, PlanError
 from .costs import ASSUMED_LINK, half_step_cost
@@ -397,7 +397,7 @@ def _half_step(
                 fix = ("raise q" if q is not None and free
                        else "use more workers, a larger plan.memory_budget, or fewer factors")
                 raise PlanError(
-                    f"update {side}: no partition fits {budget / 1e9:.2f} GB per worker with "
+                    f"update {side}: no partition fits {size_text(budget)} per worker with "
                     f"f={f}{f', q={q}' if q is not None else ''} ({n_rows:,} x {n_cols:,}, "
                     f"{nnz:,} ratings); {fix}"
                 )
@@ -418,8 +418,8 @@ def _half_step(
         fix = "raise q, lower f, or add memory" if q < q_max and fits(p, q_max) else (
             "lower f or add memory")
         raise PlanError(
-            f"update {side}: p={p}, q={q} needs {sum(est.values()) / 1e9:.2f} GB per "
-            f"worker, more than the {budget / 1e9:.2f} GB budget; {fix}"
+            f"update {side}: p={p}, q={q} needs {size_text(sum(est.values()))} per "
+            f"worker, more than the {size_text(budget)} budget; {fix}"
         )
     if forced_p:
         why = "set by the config"
@@ -698,7 +698,7 @@ def _block_tier(
             host_factor, halves = plan(tier, free_q)
         except PlanError as exc:
             if tier == "device":  # the store tier's plan says whether they fit without R
-                return f"the {usable / 1e9:.2f} GB budget per worker leaves beside the half-steps"
+                return f"the {size_text(usable)} budget per worker leaves beside the half-steps"
             return exc
         if tier == "device" and host_factor is not None and wanted == "auto":
             try:  # R resident is not worth a factor in host memory that need not be there
@@ -710,8 +710,8 @@ def _block_tier(
         if tier == "host":
             taken = 2 * sizes[host_factor] if host_factor else 0  # pieces, and parts gathered
             if size >= (host_memory or 0) * HOST_SHARE - taken:
-                return (f"half of the host memory limit ({(host_memory or 0) / 1e9:.2f} GB)"
-                        + (f" less {taken / 1e9:.2f} GB for a factor" if taken else "")
+                return (f"half of the host memory limit ({size_text(host_memory or 0)})"
+                        + (f" less {size_text(taken)} for a factor" if taken else "")
                         + " allows")  # fmt: skip
         return host_factor, halves, tier
 
@@ -737,7 +737,7 @@ def _block_tier(
     if wanted == "device":
         result += " at the forced q" if raised else " at any q"
     raise PlanError(
-        f"plan.blocks is {word} but R needs {size / 1e9:.2f} GB per worker, more than "
+        f"plan.blocks is {word} but R needs {size_text(size)} per worker, more than "
         f"{result}; {', or '.join(fixes)}"
     )
 
