@@ -55,6 +55,11 @@ class WorkerLostError(CumfError, RuntimeError):
     """Workers were lost more often than a fit recovers from; the message says how to resume."""
 
 
+class ClusterClosing(CumfError, RuntimeError):
+    """A task stopped midway because its local cluster is being closed (a Ctrl-C or an
+    error in the fit): never a result anyone sees, the fit's own exception is raised."""
+
+
 class CumfWarning(UserWarning):
     """A problem cumf-dask handled on its own and that the user should still know of."""
 

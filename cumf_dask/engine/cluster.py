@@ -27,6 +27,7 @@ import dask
 from distributed import Client, WorkerPlugin
 
 from ..backend import resolve_backend_name
+from ..backend.numpy_backend import STOPPING
 from ..compat import has_module
 from ..config import ClusterConfig, parse_size, read_size
 from ..devices import (
@@ -347,12 +348,20 @@ def _check_address(address: str) -> None:
 
 @contextmanager
 def cluster_client(config: ClusterConfig | None = None, nnz: int | None = None) -> Iterator[Client]:
-    """make_client as a context: the client and any cluster it started are closed after."""
+    """make_client as a context: the client and any cluster it started are closed after;
+    after an error or a Ctrl-C, without waiting for the NumPy tasks that workers running as
+    threads of this process are in the middle of (numpy_backend.STOPPING)."""
     client = make_client(config, nnz)
     try:
         yield client
-    finally:
-        _close(client)
+    except BaseException:
+        STOPPING.set()
+        try:
+            _close(client)
+        finally:
+            STOPPING.clear()
+        raise
+    _close(client)
 
 
 def _cuda_cluster(config: ClusterConfig) -> Any:
