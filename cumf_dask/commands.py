@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .config import Config, GenerateConfig, check_columns, load_config
-from .errors import ConfigError, StoreError
+from .errors import ConfigError
 from .output import Output, recommend_table, report_store, rmse_line
 
 QUICKSTART = Path(__file__).with_name("quickstart.yaml")
@@ -207,7 +207,6 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
 
 
 def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
-    from .data.store import RatingsStore
     from .model import ALS
     from .records import model_path
 
@@ -217,14 +216,8 @@ def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
     if args.store:
         store = model._matching(args.store)
     elif model.store_url_:
-        try:
-            store = RatingsStore.open(model.store_url_)
-        except StoreError as exc:  # moved or deleted since the model was trained
-            raise StoreError(
-                f"the model's training store cannot be opened ({exc}); give the store it was "
-                "trained on with --store"
-            ) from None
-        store = model._matching(store)
+        store = model._matching(model._open_training_store(
+            model.store_url_, "give the store it was trained on with --store"))  # fmt: skip
     user, n = _user_id(args.user, model), model.shape_[1]
     if getattr(model, "implicit", False):
         items, scores = model.recommend(  # type: ignore[call-arg]

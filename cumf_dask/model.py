@@ -465,12 +465,18 @@ class ALS:
                 "recommend(exclude_seen=True) needs the rating store: pass store=, or "
                 "exclude_seen=False"
             )
+        return self._open_training_store(url, "pass store= (the store it was trained on), or "
+                                              "exclude_seen=False")  # fmt: skip
+
+    @staticmethod
+    def _open_training_store(url: str, fix: str) -> RatingsStore:
+        """The store at `url`, recorded as the one a model was trained on; one that moved
+        or was deleted since is a StoreError saying so and what to do (`fix`)."""
         try:
             return RatingsStore.open(url)
         except StoreError as exc:
             raise StoreError(
-                f"the model's training store cannot be opened ({exc}); pass store= (the store "
-                "it was trained on), or exclude_seen=False"
+                f"the model's training store cannot be opened ({exc}); {fix}"
             ) from None
 
     @staticmethod

@@ -13,7 +13,7 @@ from ..checks import check_choice, check_number
 from ..data.store import RatingsStore
 from ..engine import tasks
 from ..engine.fit import ALSParams
-from ..errors import ConfigError, NumericalError, StoreError
+from ..errors import ConfigError, NumericalError
 from ..model import ALS
 from .ids import IdLayer, interactions_block
 
@@ -219,13 +219,9 @@ class ImplicitALS(ALS):
                 "filter_already_liked_items=False"
             )
         if store is None:
-            try:
-                store = RatingsStore.open(url)
-            except StoreError as exc:
-                raise StoreError(
-                    f"the model's training store cannot be opened ({exc}); pass store= (the "
-                    "store it was trained on), user_items, or filter_already_liked_items=False"
-                ) from None
+            fix = ("pass store= (the store it was trained on), user_items, or "
+                   "filter_already_liked_items=False")  # fmt: skip
+            store = self._open_training_store(url, fix)
         return self._matching(store)
 
     def recalculate_user(self, user_items: Any, *, batch: int = 4096) -> np.ndarray:
