@@ -75,3 +75,11 @@ def check_scale(
             check_number(name, value, -MAX_RATING, high=MAX_RATING)
     if low is not None and high is not None and not low < high:
         raise ConfigError(f"'{names[0]}' ({low}) must be below '{names[1]}' ({high})")
+
+
+def check_columns_match(what: str, names: str, *arrays: Any) -> None:
+    """Arrays that are columns of one table (rows, items, counts): 1-d and of one length,
+    else a ConfigError naming `what` takes them (`names`) and their shapes."""
+    if not (all(a.ndim == 1 for a in arrays) and len({a.size for a in arrays}) == 1):
+        shapes = ", ".join(str(a.shape) for a in arrays)
+        raise ConfigError(f"{what} takes {names} as 1-d arrays of one length, got shapes {shapes}")

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..blocks import Block, coo_to_block
+from ..checks import check_columns_match
 from ..errors import ConfigError
 from ..ids import IdMap
 from ..model import ALS
@@ -70,11 +71,7 @@ def interactions_block(user_items: Any, n_rows: int | None, n_items: int) -> Blo
     rows = ALS._as_indices(rows, "user_items row")
     cols = ALS._as_indices(cols, "user_items item")
     vals = np.asarray(vals, np.float64)
-    if not (vals.ndim == 1 and rows.size == cols.size == vals.size):
-        raise ConfigError(
-            "user_items takes rows, items and counts as 1-d arrays of one length, got "
-            f"shapes {rows.shape}, {cols.shape}, {vals.shape}"
-        )
+    check_columns_match("user_items", "rows, items and counts", rows, cols, vals)
     if n_rows is None:
         n_rows = int(rows.max()) + 1 if rows.size else 0
     if rows.size and (rows.min() < 0 or rows.max() >= n_rows):

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checks import check_fraction, check_positive_int
+from ..checks import check_columns_match, check_fraction, check_positive_int
 from ..data.hashing import user_split_mask
 from ..data.store import RatingsStore
 from ..errors import ConfigError, StoreError
@@ -58,11 +58,7 @@ def train_test_split(
     text) come back as given. Give each (user, item) once (sum repeated counts first)."""
     check_fraction("test_fraction", test_fraction)
     rows, cols, values = np.asarray(rows), np.asarray(cols), np.asarray(values)
-    if not (rows.ndim == cols.ndim == values.ndim == 1 and rows.size == cols.size == values.size):
-        raise ConfigError(
-            "train_test_split takes rows, cols and values as 1-d arrays of one length, got "
-            f"shapes {rows.shape}, {cols.shape}, {values.shape}"
-        )
+    check_columns_match("train_test_split", "rows, cols and values", rows, cols, values)
     test = user_split_mask(_split_keys(rows), _split_keys(cols), test_fraction, seed)
     train = ~test
     return (rows[train], cols[train], values[train]), (rows[test], cols[test], values[test])
@@ -169,12 +165,7 @@ def _arrays(name: str, data: Any) -> Triple:
         )
     users, items = np.asarray(data[0]), np.asarray(data[1])
     counts = np.asarray(data[2], np.float64) if len(data) == 3 else np.ones(users.shape)
-    one_length = users.size == items.size == counts.size
-    if not (users.ndim == items.ndim == counts.ndim == 1 and one_length):
-        raise ConfigError(
-            f"{name} takes users, items and counts as 1-d arrays of one length, got shapes "
-            f"{users.shape}, {items.shape}, {counts.shape}"
-        )
+    check_columns_match(name, "users, items and counts", users, items, counts)
     if not np.isfinite(counts).all():
         raise ConfigError(f"{name} counts must be finite")
     return users, items, counts
