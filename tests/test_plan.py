@@ -96,6 +96,17 @@ def test_a_larger_q_keeps_r_on_the_workers():
     assert gpu.blocks == "host" and gpu.host_factor is None
 
 
+def test_p_above_one_counts_the_sums_of_three_batches():
+    """A worker's sums of batch j wait for batch j - 2's reduction (halfstep._partial_sums):
+    it holds the sums of up to three batches, which the plan counts (of one before)."""
+    f = 8
+    packed = (f * (f + 1) // 2 + f) * 4
+    for q in (1, 2, 6):
+        h = make_plan(1200, 300, 20_000, f, 2, GB, config=PlanConfig(p=2, q=q)).x
+        rows = max(np.diff(h.row_bounds))
+        assert h.memory["partials"] == min(1200, 3 * rows) * packed
+
+
 def test_memory_is_that_of_the_largest_batch_part_and_block():
     """Bounds balance ratings, so on skewed data the last batch has many more rows than
     m / q: the estimate is that batch's (and the largest block's), and the plan fits."""
