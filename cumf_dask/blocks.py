@@ -125,6 +125,8 @@ class Bands:
     n_minor: int  # columns of the orientation
     count: int  # bands
     decoded: Callable[[int], BandSlice]  # band i, once decoded (waits for it alone)
+    # raises the truer error before a damaged one: the store was replaced since it was opened
+    check_source: Callable[[], None] | None = None
 
     def slice(self, i: int) -> BandSlice:
         return self.decoded(i)
@@ -135,6 +137,8 @@ class Bands:
         return max(self.rows[0], s.first), min(self.rows[1], first_stop)
 
     def damaged(self, s: BandSlice) -> StoreError:
+        if self.check_source is not None:
+            self.check_source()
         return StoreError(
             f"{self.where}/{s.band}: damaged store: entries out of range or not finite (a "
             "missing chunk?); rebuild the store (ingest or generate with --overwrite)"

@@ -377,6 +377,19 @@ def _shorten_chunk(url: str) -> None:
     path.write_bytes(data[:end] + short + raw + np.uint32(google_crc32c.value(raw)).tobytes())
 
 
+def _forget_records(url: str) -> None:
+    """Strip what a build records to bind data to its place (each band group's identity and
+    chunk crc32c, the count arrays' crc32c): the store as one built before the records."""
+    for meta in Path(url).glob("**/zarr.json"):
+        doc = json.loads(meta.read_text())
+        attrs = doc.get("attributes") or {}
+        keys = ("kind", "axis", "band", "nnz", "crc32c") if "band" in attrs else ("crc32c",)
+        if any(key in attrs for key in keys):
+            for key in keys:
+                attrs.pop(key, None)
+            meta.write_text(json.dumps(doc))
+
+
 def _flip(path: Path, offset: int) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0xFF
@@ -453,7 +466,12 @@ def test_verify_finds_sound_chunks_that_disagree(tmp_path, ratings):
     _split_store(other, ratings, overwrite=True, split_seed=1)
     shutil.rmtree(Path(url) / "test" / "0")
     shutil.copytree(Path(other) / "test" / "0", Path(url) / "test" / "0")
-    with pytest.raises(StoreError, match=r"row band 0 \(test\) holds \d+ ratings, band_nnz"):
+    with pytest.raises(StoreError, match=r"'test/0' holds row band 0 \(test, \d+ ratings\), "
+                       r"not row band 0 \(test, \d+ ratings\)"):  # fmt: skip
+        verify_store(RatingsStore.open(url))
+    _forget_records(url)  # a store built before the records: its pointer ends elsewhere
+    with pytest.raises(StoreError, match=r"row band 0 \(test\) holds \d+ ratings by its tile "
+                       r"pointer \('test/0/ptr'\), band_nnz says \d+"):  # fmt: skip
         verify_store(RatingsStore.open(url))
 
     store = _split_store(url, ratings, overwrite=True)
@@ -603,3 +621,227 @@ def test_a_failed_read_job_is_raised_after_the_others_have_run():
     with pytest.raises(ValueError, match="bad chunk"):
         threads.run([bad, slow], 2)
     assert done == [True]
+
+
+# ----------------------------------------------------------------------------- out of place
+# Chunks, count chunks and band folders that are whole (their checksums pass) but lie in
+# another place than the build put them: a bad restore or rsync, a copy from another store.
+
+@pytest.fixture(scope="module")
+def spread():
+    """Ratings in every row band (the skewed fixture's all lie in the first)."""
+    return random_ratings(M, N, 0.15, seed=32)
+
+
+RECORDS = pytest.mark.parametrize("records", [True, False], ids=["recorded", "built-before"])
+NOT_THERE = "is not the chunk the build wrote there"
+
+
+def _swap(a: Path, b: Path) -> None:
+    tmp = a.with_name(a.name + ".tmp")
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+
+
+def _open(url: str, records: bool) -> RatingsStore:
+    """The store at `url`, as built now or (records False) as a build before the records."""
+    if not records:
+        _forget_records(url)
+    return RatingsStore.open(url)
+
+
+def test_stores_built_before_the_records_read_and_verify_as_before(tmp_path, spread):
+    url = str(tmp_path / "s.zarr")
+    store = _split_store(url, spread)
+    old = _open(url, records=False)
+    assert "band" not in json.loads((Path(url) / "by_row/0/zarr.json").read_text())["attributes"]
+    verify_store(old)
+    for orient, split in (("row", "train"), ("col", "train"), ("row", "test")):
+        for got, want in zip(old.read_coo(orient, split=split), store.read_coo(orient, split=split),
+                             strict=True):  # fmt: skip
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(old.counts(orient), store.counts(orient))
+
+
+@RECORDS
+def test_a_chunk_of_another_band_is_an_error_never_cut_down(tmp_path, spread, records):
+    """A bigger band's chunk copied over a smaller band's (one inner chunk each, sound
+    checksum) is refused, never read as its first entries: by the crc32c recorded for the
+    place, or in an older store by its decoded size (zarr stores every chunk whole)."""
+    url = str(tmp_path / "s.zarr")
+    _split_store(url, spread)
+    shutil.copyfile(_shard(url, "by_row/1/val"), _shard(url, "by_row/2/val"))
+    shutil.copyfile(_shard(url, "by_row/1/minor"), _shard(url, "test/1/minor"))
+    store = _open(url, records)
+    row, test = store.band_nnz("row"), store.band_nnz("row", "test")
+    assert row[1] > max(row[2], test[1])
+    match = "chunk 0 of shard 0 " + (NOT_THERE if records else r"holds \d+ entries, not \d+")
+    with pytest.raises(StoreError, match=rf"by_row/2/val: damaged store: {match}"):
+        store.read_block("row", (0, M), (0, N))
+    with pytest.raises(StoreError, match=rf"test/1/minor: damaged store: {match}"):
+        store.read_block("row", (0, M), (0, N), split="test")
+
+
+@RECORDS
+def test_a_band_pointer_must_end_at_the_bands_size(tmp_path, spread, records):
+    """Another band's tile pointer (same length, sound checksum) would read a band as fewer
+    ratings than it holds, and an empty band's as none at all."""
+    rows, cols, vals = spread
+    keep = (rows < 64) | (rows >= 128)  # row band 1 is empty
+    url = str(tmp_path / "s.zarr")
+    build_store(url, rows[keep], cols[keep], vals[keep], shape=(M, N), tile_rows=64,
+                tile_cols=32)  # fmt: skip
+    shutil.copyfile(_shard(url, "by_row/1/ptr"), _shard(url, "by_row/0/ptr"))
+    shutil.copyfile(_shard(url, "by_col/1/ptr"), _shard(url, "by_col/0/ptr"))
+    store = _open(url, records)
+    assert store.band_nnz("col")[0] != store.band_nnz("col")[1]
+    for orient in ("row", "col"):
+        match = (rf"{orient}/0/ptr: damaged store: chunk 0 {NOT_THERE}" if records else
+                 rf"{orient} band 0 \(train\) holds \d+ ratings by its tile pointer "
+                 rf"\('by_{orient}/0/ptr'\), band_nnz says \d+; rebuild it")  # fmt: skip
+        with pytest.raises(StoreError, match=match):
+            store.read_block(orient, (0, store.shape(orient)[0]), (0, store.shape(orient)[1]))
+        with pytest.raises(StoreError, match=match):
+            store.read_band(orient, 0)
+
+
+def test_band_folders_out_of_place_are_an_error(tmp_path, spread):
+    """Each band group records which band it is: swapped row bands, or a training band
+    swapped with a held-out one, are named as such."""
+    url = str(tmp_path / "s.zarr")
+    _split_store(url, spread)
+    root = Path(url)
+    _swap(root / "by_row/0", root / "by_row/1")
+    with pytest.raises(StoreError, match=r"'by_row/0' holds row band 1 \(train, \d+ ratings\), "
+                       r"not row band 0 \(train, \d+ ratings\): band folders moved"):  # fmt: skip
+        RatingsStore.open(url).read_block("row", (0, M), (0, N))
+    _swap(root / "by_row/0", root / "by_row/1")
+    _swap(root / "by_row/1", root / "test/1")
+    store = RatingsStore.open(url)
+    with pytest.raises(StoreError, match=r"'by_row/1' holds row band 1 \(test"):
+        store.read_band("row", 1)
+    with pytest.raises(StoreError, match=r"'test/1' holds row band 1 \(train"):
+        store.read_block("row", (0, M), (0, N), split="test")
+
+
+@RECORDS
+def test_count_chunks_swapped_between_bands_are_an_error(tmp_path, spread, records):
+    """Counts of any row range are read from band boundaries and each band's checked: by
+    its chunk's recorded crc32c, and by its sum against band_nnz."""
+    url = str(tmp_path / "s.zarr")
+    store = _split_store(url, spread)
+    want = np.bincount(store.read_coo("row")[0], minlength=M)
+    for lo, hi in ((0, M), (10, 70), (64, 128), (129, 130), (5, 5)):
+        np.testing.assert_array_equal(store.counts("row", (lo, hi)), want[lo:hi])
+    assert store.band_nnz("row")[0] != store.band_nnz("row")[1]
+    _swap(_shard(url, "row_nnz"), Path(url) / "row_nnz/c/1")
+    store = _open(url, records)
+    match = f"row_nnz: damaged store: chunk 1 {NOT_THERE}" if records else (
+        r"'row_nnz' does not match band_nnz \(a band's counts sum to \d+, band_nnz says \d+")
+    with pytest.raises(StoreError, match=match):
+        store.counts("row", (70, 80))
+
+
+def test_same_size_chunks_swapped_between_bands_are_an_error(tmp_path):
+    """Two bands of the same size and shape: swapping their chunks leaves every size and
+    pointer right; only the crc32c recorded for each place catches it."""
+    r, c = np.meshgrid(np.arange(8), np.arange(6), indexing="ij")
+    url = str(tmp_path / "s.zarr")
+    build_store(url, r.ravel(), c.ravel(), np.arange(1, 49, dtype=np.float32), shape=(8, 6),
+                tile_rows=4, tile_cols=3)  # fmt: skip
+    _swap(_shard(url, "by_row/0/val"), _shard(url, "by_row/1/val"))
+    with pytest.raises(StoreError, match=f"by_row/0/val: damaged store: chunk 0 of shard 0 "
+                       f"{NOT_THERE}"):  # fmt: skip
+        RatingsStore.open(url).read_block("row", (0, 8), (0, 6))
+
+
+def test_text_id_maps_carry_a_checksum_and_ids_are_unique(tmp_path):
+    """Any flipped byte of a text id chunk is one StoreError naming the map (never another
+    id or a raw codec error); an id map that repeats an id is refused by ids() and verify."""
+    url = str(tmp_path / "s.zarr")
+    users = np.array([f"user_{i:05d}" for i in range(40)], object)
+    build_store(url, np.arange(40), np.arange(40) % 7, np.ones(40), row_ids=users,
+                col_ids=np.arange(100, 107))  # fmt: skip
+    chunk = Path(url) / "ids/rows/c/0"
+    for offset in range(0, chunk.stat().st_size, 3):
+        _flip(chunk, offset)
+        with pytest.raises(StoreError, match=r"damaged store: 'ids/rows' cannot be read \(.*\); "
+                           r"rebuild the store"):  # fmt: skip
+            RatingsStore.open(url).ids("rows")
+        _flip(chunk, offset)
+    assert RatingsStore.open(url).ids("rows").tolist() == users.tolist()
+    group = zarr.open_group(url, mode="r+")
+    group["ids/rows"][3] = "user_00001"
+    group["ids/cols"][6] = 100
+    for axis in ("rows", "cols"):
+        with pytest.raises(StoreError, match=rf"'ids/{axis}' holds \d+ distinct ids of \d+"):
+            RatingsStore.open(url).ids(axis)
+    with pytest.raises(StoreError, match="distinct ids"):
+        verify_store(RatingsStore.open(url))
+
+
+def test_a_remote_store_that_cannot_be_decoded_is_one_store_error(ratings):
+    """Over a URL (read through zarr), a garbled band chunk or text id chunk is one
+    StoreError naming the array, not zarr's or a codec's own exception."""
+    import fsspec
+
+    rows, cols, vals = ratings
+    url = "memory://garbled.zarr"
+    build_store(url, rows, cols, vals, shape=(M, N), tile_rows=64, tile_cols=32, overwrite=True,
+                col_ids=np.array([f"item{i}" for i in range(N)], object))  # fmt: skip
+    fs = fsspec.filesystem("memory")
+    for path in ("/garbled.zarr/by_row/0/val/c/0", "/garbled.zarr/ids/cols/c/0"):
+        data = bytearray(fs.cat(path))
+        data[40] ^= 0xFF
+        fs.pipe(path, bytes(data))
+    store = RatingsStore.open(url)
+    with pytest.raises(StoreError, match=r"damaged store: 'by_row/0/val' cannot be read"):
+        store.read_block("row", (0, M), (0, N))
+    with pytest.raises(StoreError, match=r"damaged store: 'by_row/0/val' cannot be read"):
+        verify_store(store)
+    with pytest.raises(StoreError, match=r"damaged store: 'ids/cols' cannot be read"):
+        store.ids("cols")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("m", None, "attribute 'm' is missing"),
+        ("tile_rows", "abc", "attribute 'tile_rows' is 'abc'"),
+        ("tile_rows", 0, "attribute 'tile_rows' is 0"),
+        ("nnz", True, "attribute 'nnz' is True"),
+        ("n_col_tiles", 9, r"attribute 'n_col_tiles' is 9, not ceil\(n / tile_cols\) = 3"),
+        ("nnz_test", -1, "attribute 'nnz_test' is -1"),
+        ("nnz_test", 0, r"attribute 'nnz_test' is 0, but 'test' holds \d+ ratings"),
+    ],
+)
+def test_damaged_attrs_are_one_error_on_open(tmp_path, spread, key, value, match):
+    url = str(tmp_path / "s.zarr")
+    _split_store(url, spread)
+    meta = Path(url) / "zarr.json"
+    doc = json.loads(meta.read_text())
+    if value is None:
+        del doc["attributes"][key]
+    else:
+        doc["attributes"][key] = value
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(StoreError, match=rf"s.zarr: damaged store: {match}; rebuild it"):
+        RatingsStore.open(url)
+
+
+def test_a_read_failing_on_a_store_rebuilt_meanwhile_says_replaced(tmp_path, spread):
+    """A store rebuilt while a reading of it is under way (a streamed fit, bands decoded as
+    they are asked for) fails as replaced, not as damaged with 'rebuild' as the advice."""
+    rows, cols, vals = spread
+    url = str(tmp_path / "s.zarr")
+    store = _split_store(url, spread)
+    bands = read_bands(store, "row", (0, M), (0, N), "train", threads=1,
+                       target=_CountingTarget(lookahead=1))  # fmt: skip
+    bands.slice(0)
+    build_store(url, rows[::2], cols[::2], vals[::2], shape=(M, N), tile_rows=64, tile_cols=32,
+                overwrite=True)  # fmt: skip
+    with pytest.raises(StoreError, match=r"the store was replaced .* open it again"):
+        bands.slice(2)
+    with pytest.raises(StoreError, match=r"the store was replaced .* open it again"):
+        raise store.damaged("anything a read's own checks find")

@@ -15,11 +15,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ..blocks import Bands, BandSlice
-from ..errors import StoreError
-from .shards import HOST, Target
+from .integrity import check_band, check_ptr
+from .shards import HOST, Expect, Target
 
 if TYPE_CHECKING:
     from .store import Orientation, RatingsStore, Split
@@ -37,7 +35,9 @@ def read_bands(
     """Start decoding every band range the block overlaps on `threads` threads into
     `target`'s arrays (NumPy by default), in band order, and return at once:
     ``Bands.slice(i)`` waits for band i only, so a consumer can work on the first bands
-    while the later ones decode. Values are not checked yet."""
+    while the later ones decode. Each band is checked to be the one asked for, its tile
+    pointer to end at its band_nnz, its chunks against their recorded crc32c; the values
+    are not checked yet."""
     from .store import band_group
 
     (r0, r1), (c0, c1) = rows, cols
@@ -46,18 +46,23 @@ def read_bands(
     group = band_group(orient, split)
     bands = list(range(r0 // t_major, min(-(-r1 // t_major), math.ceil(n_major / t_major))))
     t0, t1 = c0 // t_minor, max(c0 // t_minor, -(-c1 // t_minor))
-    ptrs = store.read([(f"{group}/{b}/ptr", 0, None) for b in bands], threads)
+    checked = [check_band(store, f"{group}/{b}", orient, split, b,
+                          store.band_size(orient, split, b)) for b in bands]  # fmt: skip
+    sizes, crcs = [c[0] for c in checked], [c[1] for c in checked]
+    ptrs = store.read([(f"{group}/{b}/ptr", 0, None, Expect(crcs=c.get("ptr")))
+                       for b, c in zip(bands, crcs, strict=True)], threads)  # fmt: skip
     n_tiles = math.ceil(n_minor / t_minor)
     requests = []
-    for b, ptr in zip(bands, ptrs, strict=True):
-        if ptr.shape != (n_tiles + 1,) or ptr[0] != 0 or np.any(np.diff(ptr) < 0):
-            raise StoreError(f"{store.url}: damaged store: '{group}/{b}/ptr' is not a tile pointer")
+    for b, ptr, nnz, c in zip(bands, ptrs, sizes, crcs, strict=True):
+        check_ptr(store, f"{group}/{b}", ptr, n_tiles, nnz, f"{orient} band {b} ({split})")
         lo, hi = int(ptr[t0]), int(ptr[t1])
-        requests += [(f"{group}/{b}/{name}", lo, hi) for name in ("major", "minor", "val")]
+        requests += [(f"{group}/{b}/{name}", lo, hi, Expect(nnz, c.get(name)))
+                     for name in ("major", "minor", "val")]  # fmt: skip
     reading = store.start(requests, threads, target)
 
     def decoded(i: int) -> BandSlice:
         b = bands[i]
         return BandSlice(b, b * t_major, *(reading.get(3 * i + k) for k in range(3)))
 
-    return Bands(f"{store.url}/{group}", rows, cols, t_major, n_major, n_minor, len(bands), decoded)
+    return Bands(f"{store.url}/{group}", rows, cols, t_major, n_major, n_minor, len(bands), decoded,
+                 store.ensure_same_build)  # fmt: skip

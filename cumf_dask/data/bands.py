@@ -20,12 +20,14 @@ from typing import Any, Literal
 
 import numpy as np
 import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from ..compat import import_cupy
 from ..devices import has_cuda
 from ..errors import IngestError, StoreError
 from ..paths import is_url, normalize_url
 from .hashing import array_module
+from .integrity import band_record, chunk_crcs
 from .sampling import Array, bin_counts
 from .store import (
     _GROUPS,
@@ -65,7 +67,7 @@ def init_store(
     if m <= 0 or n <= 0:
         raise IngestError(f"{url}: the matrix would be empty ({m} x {n}); there are no ratings")
     group = zarr.open_group(url, mode="w")
-    group.attrs.update(
+    group.update_attributes(
         {
             "format": FORMAT,
             "version": VERSION,
@@ -148,6 +150,8 @@ def write_band(
         sub["minor"][:] = minor
         sub["val"][:] = val
     sub["ptr"][:] = ptr
+    # which band this is and each chunk's crc32c: a read finds a band or chunk out of place
+    sub.update_attributes(band_record(url, f"{_GROUPS[kind]}/{band}", kind, band, size))
     if counts is not None:
         group["row_nnz" if kind == "row" else "col_nnz"][base : base + rows_here] = counts
     finite = val.astype(np.float64)
@@ -218,18 +222,22 @@ def finish_store(
             nnz = int(band_nnz.sum())
     if nnz == 0:
         raise IngestError(f"{url}: no training ratings; the input is empty")
+    for name in ("row_nnz", "col_nnz"):  # written a chunk per band task: recorded here, once
+        group[name].update_attributes({"crc32c": chunk_crcs(f"{url}/{name}")})
     col_total = sum(int(s["nnz"]) for s in col_summaries)
     if col_total != nnz:
         raise StoreError(f"{url}: by_col holds {col_total} ratings, by_row {nnz}: build failed")
     for axis, ids in (("rows", row_ids), ("cols", col_ids)):
         if ids is not None:
             # Every id is possible (0 too), so no fill value can mark a chunk missing: every
-            # chunk is written, even one that zarr would skip as all fill (all zeros)
+            # chunk is written, even one that zarr would skip as all fill (all zeros). Text
+            # ids get a crc32c after their compressor too: a flipped bit is an error, never
+            # another id
             dtype = str if ids.dtype.kind in "OUST" else ids.dtype
+            encoding = {"compressors": [ZstdCodec(), Crc32cCodec()]} if dtype is str else codecs()
             arr = group.create_array(
                 f"ids/{axis}", shape=ids.shape, chunks=(max(1, min(CHUNK, ids.size)),),
-                dtype=dtype, overwrite=True, config={"write_empty_chunks": True},
-                **({} if dtype is str else codecs()),
+                dtype=dtype, overwrite=True, config={"write_empty_chunks": True}, **encoding,
             )  # fmt: skip
             arr[:] = ids.astype(object) if dtype is str else ids
     total = sum(s["sum"] for s in row_summaries)
@@ -241,7 +249,7 @@ def finish_store(
         "mean": mean,
         "std": math.sqrt(max(sumsq / nnz - mean * mean, 0.0)),
     }
-    group.attrs.update(
+    group.update_attributes(
         {
             "nnz": nnz,
             "nnz_test": sum(int(s["nnz"]) for s in test_summaries or []),

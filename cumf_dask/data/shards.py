@@ -6,8 +6,11 @@ returns the fill value for a chunk that is missing. This reader parses each arra
 ``zarr.json`` and each shard's index (checking its crc32c), and reads, checks and decodes
 the chunks a range needs on a thread pool (``os.pread``, blosc, and crc32c over a bytes
 object release the GIL, so it scales with cores). A missing file, a missing chunk, a
-checksum mismatch or a chunk that decodes short is a :class:`~cumf_dask.errors.StoreError`
-naming the array and the fix, never zeros.
+checksum mismatch or a chunk that decodes to other than its full chunk shape is a
+:class:`~cumf_dask.errors.StoreError` naming the array and the fix, never zeros. A request
+may carry an :class:`Expect`: the array's size, and the crc32c recorded at build time for
+each chunk, which binds a chunk's bytes to its place (compared with the 4 bytes read
+anyway; see :mod:`.integrity`).
 
 It reads what cumf-dask writes (sharded or single-chunk 1-D arrays; little-endian ``bytes``
 then any of blosc / zstd / crc32c); :func:`supported` says whether a layout is one of those,
@@ -24,8 +27,10 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -44,6 +49,19 @@ _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 class Unsupported(Exception):
     """A layout this reader does not parse (the caller falls back to zarr)."""
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a request knows of its array beforehand: its size (entries), and the crc32c
+    stored with each chunk, in chunk order, as recorded at build time (None: unknown)."""
+
+    size: int | None = None
+    crcs: Sequence[int | None] | None = None
+
+
+#: (path, lo, hi) or (path, lo, hi, expect): entries [lo, hi) of an array (hi None: all)
+Request = tuple[Any, ...]
 
 
 class Target(Protocol):
@@ -119,6 +137,7 @@ class Layout:
         if meta["data_type"] not in _DTYPES or meta["chunk_key_encoding"]["name"] != "default":
             raise Unsupported("dtype or chunk key encoding")
         self.path = path
+        self.attributes: dict[str, Any] = meta.get("attributes") or {}
         self.size = int(meta["shape"][0])
         self.dtype = np.dtype(_DTYPES[meta["data_type"]])
         self.outer = int(meta["chunk_grid"]["configuration"]["chunk_shape"][0])
@@ -139,27 +158,57 @@ class Layout:
             raise Unsupported("array-to-bytes codec")
         self.codecs = [_codec(c) for c in codecs[1:]]
 
-    def jobs(self, out: Any, lo: int, hi: int, target: Target = HOST) -> list[Job]:
+    @property
+    def chunk_size(self) -> int:
+        """Entries per stored chunk (inner chunks of a shard): every chunk decodes to this
+        many, the one at the end too (zarr pads it)."""
+        return self.inner or self.outer
+
+    def chunk_crcs(self) -> list[int | None] | None:
+        """The crc32c stored at the end of each chunk, in chunk order (None for a chunk
+        never written), read back after a build writes the array, to be recorded; None
+        when the last codec is not crc32c."""
+        if not self.codecs or self.codecs[-1] != "crc32c":
+            return None
+        crcs: list[int | None] = []
+        for k, start in enumerate(range(0, self.size, self.outer)):
+            path = self._file(k)
+            size = _file_size(path)
+            if self.inner is None:
+                crcs.append(_crc_at(path, size - 4))
+                continue
+            index, _ = self._shard_index(path, size, k)
+            for offset, length in index[: -(-min(self.outer, self.size - start) // self.inner)]:
+                crcs.append(None if offset == _MISSING else _crc_at(path, offset + length - 4))
+        return crcs
+
+    def _file(self, k: int) -> str:
+        return os.path.join(self.path, *f"c{self.sep}{k}".split("/"))
+
+    def jobs(
+        self, out: Any, lo: int, hi: int, target: Target = HOST,
+        crcs: Sequence[int | None] | None = None,
+    ) -> list[Job]:
         """Work that fills `out` (made by `target`) with entries [lo, hi); the shard indexes
-        are read here, the chunks read and decoded by the jobs."""
+        are read here, the chunks read and decoded by the jobs (each checked against its
+        recorded crc32c in `crcs`, when given)."""
         jobs: list[Job] = []
         for k, start in enumerate(range(0, self.size, self.outer)):
             stop = min(start + self.outer, self.size)
             if max(lo, start) >= min(hi, stop):
                 continue
-            path = os.path.join(self.path, *f"c{self.sep}{k}".split("/"))
+            path = self._file(k)
             size = _file_size(path)
             if self.inner is None:
                 chunk = (path, 0, size, f"chunk {k}")
-                jobs.append(self._job(chunk, start, stop, out, lo, hi, target))
+                jobs.append(self._job(chunk, start, stop, out, lo, hi, target, crcs))
             else:
-                jobs += self._shard_jobs(path, size, k, start, stop, out, lo, hi, target)
+                jobs += self._shard_jobs(path, size, k, start, stop, out, lo, hi, target, crcs)
         return jobs
 
-    def _shard_jobs(
-        self, path: str, size: int, k: int, start: int, stop: int, out: Any, lo: int, hi: int,
-        target: Target,
-    ) -> list[Job]:
+    def _shard_index(self, path: str, size: int, k: int) -> tuple[np.ndarray, int]:
+        """Shard k's index, checked: (offset, length) of each inner chunk; and where the
+        index starts."""
         n_inner = -(-self.outer // self.inner)  # type: ignore[operator]
         index_bytes = 16 * n_inner
         end = size - index_bytes - 4  # where the index starts
@@ -168,7 +217,13 @@ class Layout:
             raise _damaged(self.path, f"shard {k} is truncated")
         if not _intact(tail):
             raise _damaged(self.path, f"shard {k}'s index fails its checksum")
-        index = np.frombuffer(tail, "<u8", 2 * n_inner).reshape(-1, 2)
+        return np.frombuffer(tail, "<u8", 2 * n_inner).reshape(-1, 2), end
+
+    def _shard_jobs(
+        self, path: str, size: int, k: int, start: int, stop: int, out: Any, lo: int, hi: int,
+        target: Target, crcs: Sequence[int | None] | None,
+    ) -> list[Job]:
+        index, end = self._shard_index(path, size, k)
         jobs = []
         inner = self.inner or 1
         for j in range((max(lo, start) - start) // inner, -(-(min(hi, stop) - start) // inner)):
@@ -180,16 +235,17 @@ class Layout:
             c0 = start + j * inner
             c1 = min(c0 + inner, stop)
             chunk = (path, int(offset), int(length), f"chunk {j} of shard {k}")
-            jobs.append(self._job(chunk, c0, c1, out, lo, hi, target))
+            jobs.append(self._job(chunk, c0, c1, out, lo, hi, target, crcs))
         return jobs
 
     def _job(
         self, chunk: tuple[str, int, int, str], c0: int, c1: int, out: Any, lo: int, hi: int,
-        target: Target,
+        target: Target, crcs: Sequence[int | None] | None = None,
     ) -> Job:
         """Read and decode one stored chunk (file, offset, length, where) holding entries
-        [c0, c1) into its part of out[lo:hi]."""
+        [c0, c1) into its part of out[lo:hi]; `crcs`: the recorded crc32c of every chunk."""
         path, offset, length, where = chunk
+        recorded = crcs[c0 // self.chunk_size] if crcs is not None else None
 
         def run() -> None:
             raw = _read(path, offset, length)
@@ -197,37 +253,62 @@ class Layout:
                 raise _damaged(self.path, f"{where} is truncated")
             a, b = max(lo, c0), min(hi, c1)
             into = target.chunk(out, a - lo, b - a, self.dtype)
-            self._decode(raw, where, c1 - c0, a - c0, into)
+            self._decode(raw, where, a - c0, into, recorded)
             target.put(out, a - lo, into)
 
         return run
 
-    def _decode(self, data: Any, where: str, size: int, first: int, into: np.ndarray) -> None:
-        """Check and decode a chunk of `size` entries (stored at least that many) and put
-        entries [first, first + into.size) of it into `into`: decoded there straight
-        when that is the whole chunk and the last codec is blosc (no allocation)."""
+    def _decode(
+        self, data: Any, where: str, first: int, into: np.ndarray, recorded: int | None = None
+    ) -> None:
+        """Check and decode a chunk and put entries [first, first + into.size) of it into
+        `into`: decoded there straight when that is the whole chunk and the last codec is
+        blosc (no allocation). It must decode to exactly the full chunk shape: one that
+        brings more is another array's chunk, never cut down and used. `recorded`: the
+        crc32c the build recorded for this place, compared with the one the chunk carries."""
+        full = self.chunk_size
         for k in range(len(self.codecs) - 1, -1, -1):
             codec = self.codecs[k]
             if codec == "crc32c":
                 if not _intact(data):
                     raise _damaged(self.path, f"{where} fails its checksum")
+                if k == len(self.codecs) - 1 and recorded is not None:
+                    _check_recorded(self.path, where, data, recorded)
                 data = memoryview(data)[:-4]
                 continue
-            whole = k == 0 and isinstance(codec, Blosc) and len(data) >= 16
-            if whole and _blosc_nbytes(data) == size * self.dtype.itemsize == into.nbytes:
-                try:
-                    codec.decode(data, out=into)
-                except Exception as exc:
-                    raise _damaged(self.path, f"{where} does not decode ({exc})") from None
-                return
+            if k == 0 and isinstance(codec, Blosc) and len(data) >= 16:
+                nbytes = _blosc_nbytes(data)
+                if nbytes != full * self.dtype.itemsize:
+                    raise _damaged(self.path, f"{where} holds {nbytes // self.dtype.itemsize} "
+                                   f"entries, not {full}")  # fmt: skip
+                if into.size == full:
+                    try:
+                        codec.decode(data, out=into)
+                    except Exception as exc:
+                        raise _damaged(self.path, f"{where} does not decode ({exc})") from None
+                    return
             try:
                 data = codec.decode(data)
             except Exception as exc:
                 raise _damaged(self.path, f"{where} does not decode ({exc})") from None
         decoded = np.frombuffer(data, self.dtype)
-        if decoded.size < size:
-            raise _damaged(self.path, f"{where} holds {decoded.size} entries, not {size}")
+        if decoded.size != full:
+            raise _damaged(self.path, f"{where} holds {decoded.size} entries, not {full}")
         into[...] = decoded[first : first + into.size]
+
+
+def _check_recorded(array: str, where: str, data: Any, recorded: int) -> None:
+    """A sound chunk whose crc32c is not the one recorded for its place is another place's
+    chunk (moved, swapped or copied there)."""
+    stored = int.from_bytes(bytes(data[-4:]), "little")
+    if stored != recorded:
+        raise _damaged(array, f"{where} is not the chunk the build wrote there (crc32c "
+                       f"{stored:08x}, recorded {recorded:08x}: moved or swapped?)")  # fmt: skip
+
+
+def _crc_at(path: str, offset: int) -> int:
+    """The little-endian crc32c stored at `offset` of a file."""
+    return int.from_bytes(_read(path, int(offset), 4), "little")
 
 
 def _blosc_nbytes(data: Any) -> int:
@@ -300,15 +381,18 @@ class Reading:
     threads: the work it waits for is started by its own calls."""
 
     def __init__(
-        self, requests: Sequence[tuple[Layout, int, int]], threads: int, target: Target
+        self, requests: Sequence[tuple[Layout, int, int, Expect | None]], threads: int,
+        target: Target, on_error: Callable[[], None] | None = None,
     ):
         self._requests, self._threads, self._target = list(requests), threads, target
+        self._on_error = on_error
         self._outs: list[Any] = [None] * len(self._requests)
         self._pending: list[list[Future]] = [[] for _ in self._requests]
         self._bytes = [0] * len(self._requests)  # of each array started, not handed over
         self._started = self._ahead = 0
         self._lock = threading.Lock()
-        self._start_through(0)
+        with _reported(on_error):
+            self._start_through(0)
 
     @classmethod
     def done(cls, arrays: list[np.ndarray]) -> Reading:
@@ -331,19 +415,22 @@ class Reading:
                 self._started <= k or limit is None or self._ahead < limit
             ):
                 n = self._started
-                lay, lo, stop = self._requests[n]
+                lay, lo, stop, expect = self._requests[n]
                 out = self._target.empty(stop - lo, lay.dtype)
                 self._outs[n] = out
-                self._pending[n] = submit(lay.jobs(out, lo, stop, self._target), self._threads)
+                crcs = expect.crcs if expect is not None else None
+                jobs = lay.jobs(out, lo, stop, self._target, crcs)
+                self._pending[n] = submit(jobs, self._threads)
                 self._bytes[n] = (stop - lo) * lay.dtype.itemsize
                 self._ahead += self._bytes[n]
                 self._started += 1
 
     def get(self, k: int) -> Any:
         """Array k once decoded (a decoding job's StoreError is raised here)."""
-        self._start_through(k)
-        for future in self._pending[k]:
-            future.result()
+        with _reported(self._on_error):
+            self._start_through(k)
+            for future in self._pending[k]:
+                future.result()
         out = self._outs[k]
         if self._target.lookahead is not None:
             self._outs[k], self._pending[k] = None, []
@@ -353,27 +440,56 @@ class Reading:
         return out
 
 
+@contextmanager
+def _reported(on_error: Callable[[], None] | None) -> Iterator[None]:
+    """Call `on_error` before a StoreError goes on (it may raise a truer one instead)."""
+    try:
+        yield
+    except StoreError:
+        if on_error is not None:
+            on_error()
+        raise
+
+
 def start(
-    requests: Sequence[tuple[str, int, int | None]], threads: int = 1, target: Target = HOST
+    requests: Sequence[Request], threads: int = 1, target: Target = HOST,
+    on_error: Callable[[], None] | None = None,
 ) -> Reading:
-    """Begin decoding entries [lo, hi) of each local array (path, lo, hi; hi None: to the
-    end) on up to `threads` threads into arrays made by `target`, in request order;
-    returns at once."""
+    """Begin decoding entries [lo, hi) of each local array (path, lo, hi[, expect]; hi
+    None: to the end) on up to `threads` threads into arrays made by `target`, in request
+    order; returns at once. `on_error` is called before any StoreError of the reading is
+    raised (the store checks there whether it was replaced meanwhile)."""
     checked = []
-    for path, lo, hi in requests:
-        lay = layout(path)
-        stop = lay.size if hi is None else hi
-        if not 0 <= lo <= stop <= lay.size:
-            raise _damaged(path, f"entries [{lo}, {stop}) asked of an array of {lay.size}")
-        checked.append((lay, lo, stop))
-    return Reading(checked, threads, target)
+    with _reported(on_error):
+        for path, lo, hi, *rest in requests:
+            expect = rest[0] if rest else None
+            lay = layout(path)
+            _check_expected(lay, expect)
+            stop = lay.size if hi is None else hi
+            if not 0 <= lo <= stop <= lay.size:
+                raise _damaged(path, f"entries [{lo}, {stop}) asked of an array of {lay.size}")
+            checked.append((lay, lo, stop, expect))
+    return Reading(checked, threads, target, on_error)
 
 
-def read(requests: Sequence[tuple[str, int, int | None]], threads: int = 1) -> list[np.ndarray]:
+def _check_expected(lay: Layout, expect: Expect | None) -> None:
+    """The array is as long as its band says, and has a recorded crc32c per chunk."""
+    if expect is None:
+        return
+    if expect.size is not None and lay.size != expect.size:
+        raise _damaged(lay.path, f"the array holds {lay.size} entries, not the {expect.size} its "
+                       "band's pointer and band_nnz say")  # fmt: skip
+    chunks = -(-lay.size // lay.chunk_size)
+    if expect.crcs is not None and len(expect.crcs) != chunks:
+        raise _damaged(lay.path, f"the array has {chunks} chunks, the build recorded "
+                       f"{len(expect.crcs)}")  # fmt: skip
+
+
+def read(requests: Sequence[Request], threads: int = 1) -> list[np.ndarray]:
     """Entries [lo, hi) of each local array, decoded on up to `threads` threads together."""
     reading = start(requests, threads)
     return [reading.get(k) for k in range(len(reading))]
 
 
-__all__ = ["HOST", "HostTarget", "Reading", "Target", "Unsupported", "layout", "read", "start",
-           "supported"]
+__all__ = ["HOST", "Expect", "HostTarget", "Reading", "Request", "Target", "Unsupported",
+           "layout", "read", "start", "supported"]

@@ -21,12 +21,15 @@ parallel by the generator and by the out-of-core builder, and a tile is still on
 contiguous slice (``ptr``). A block of any plan is the union of the tiles it overlaps,
 filtered to its exact row and column range (:mod:`.assemble`).
 
-Integrity (version 2): every chunk, shard index and small array carries a crc32c; chunks are
-blosc-lz4 with byte shuffle (decodes ~4x faster than zstd at a similar size on rating data);
-fill values are impossible data (-1 for indices and counts, NaN for ratings). Local stores
-are read by :mod:`.shards`, which treats a missing or damaged chunk as an error; remote URLs
-are read through zarr and the values validated, which catches a fill value. A store is marked
-``complete`` only by its last write: an interrupted build never opens.
+Integrity (version 2): every chunk, shard index and small array carries a crc32c (text id
+maps too, since this version's builds); chunks are blosc-lz4 with byte shuffle (decodes ~4x
+faster than zstd at a similar size on rating data); fill values are impossible data (-1 for
+indices and counts, NaN for ratings). Each band group records which band it is and the
+crc32c of each of its chunks, so a chunk or band out of place is caught too
+(:mod:`.integrity`). Local stores are read by :mod:`.shards`, which treats a missing or
+damaged chunk as an error; remote URLs are read through zarr and the values validated, which
+catches a fill value. A store is marked ``complete`` only by its last write: an interrupted
+build never opens; its attrs are checked on open.
 """
 
 from __future__ import annotations
@@ -48,6 +51,15 @@ from ..blocks import Block, block_on_host, coo_to_block, take_rows
 from ..errors import CumfWarning, StoreError
 from ..paths import is_url, normalize_url
 from . import shards
+from .integrity import (
+    IDS_FIX,
+    check_attrs,
+    check_band,
+    check_count_sums,
+    check_none_held_out,
+    check_ptr,
+    check_unique_ids,
+)
 
 FORMAT = "cumf-dask-ratings"
 VERSION = 2
@@ -175,6 +187,7 @@ class RatingsStore:
                 f"{url}: the store is incomplete (its build was interrupted); rebuild it "
                 "(ingest/generate with --overwrite)"
             )
+        check_attrs(url, attrs)
         store = cls(url, attrs)
         store._validate(group)
         store.__dict__["_group"] = group
@@ -205,6 +218,8 @@ class RatingsStore:
                     f"{self.url}: damaged store: {name} holds {total} ratings, attrs say "
                     f"{nnz}; rebuild it"
                 )
+        if not self.has_test and "test/band_nnz" in group:  # every store has it, maybe empty
+            check_none_held_out(self, *self.read([("test/band_nnz", 0, None)]))
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "attrs": self.attrs}
@@ -219,38 +234,66 @@ class RatingsStore:
     def _group(self) -> zarr.Group:
         return zarr.open_group(self.url, mode="r")
 
-    def read(
-        self, arrays: list[tuple[str, int, int | None]], threads: int = 1
-    ) -> list[np.ndarray]:
-        """Entries [lo, hi) (hi None: all) of arrays given by their paths in the store."""
+    def read(self, arrays: list[shards.Request], threads: int = 1) -> list[np.ndarray]:
+        """Entries [lo, hi) (hi None: all) of arrays given by their paths in the store, as
+        (path, lo, hi) or (path, lo, hi, :class:`~.shards.Expect`)."""
         reading = self.start(arrays, threads)
         return [reading.get(k) for k in range(len(reading))]
 
     def start(
-        self, arrays: list[tuple[str, int, int | None]], threads: int = 1,
+        self, arrays: list[shards.Request], threads: int = 1,
         target: shards.Target = shards.HOST,
     ) -> shards.Reading:
         """Begin reading arrays (as :meth:`read`); ``.get(k)`` waits for array k only.
 
         A local store is read by :mod:`.shards` on `threads` threads into `target`'s arrays
-        (a missing or damaged chunk is a StoreError); a remote one through zarr, at once,
-        into NumPy arrays (the callers validate the values: a missing chunk reads as an
-        impossible fill value).
+        (a missing or damaged chunk is a StoreError, or one saying the store was replaced
+        since it was opened when it was); a remote one through zarr, at once, into NumPy
+        arrays (any failure is a StoreError; the callers validate the values: a missing
+        chunk reads as an impossible fill value). An Expect's crc32c are compared on local
+        reads only.
         """
         if not is_url(self.url):
             self._check_same_build()
+            local = [(os.path.join(self.url, r[0]), *r[1:]) for r in arrays]
             try:
-                return shards.start([(os.path.join(self.url, p), lo, hi) for p, lo, hi in arrays],
-                                    threads, target)  # fmt: skip
+                return shards.start(local, threads, target, self.ensure_same_build)
             except shards.Unsupported:
                 pass
-        group, out = self._group, []
-        for path, lo, hi in arrays:
-            try:
-                out.append(np.asarray(group[path][lo:hi]))
-            except KeyError:
-                raise StoreError(f"{self.url}: damaged store: '{path}' is missing") from None
-        return shards.Reading.done(out)
+        return shards.Reading.done([self._read_zarr(*r) for r in arrays])
+
+    def _read_zarr(
+        self, path: str, lo: int, hi: int | None, expect: shards.Expect | None = None
+    ) -> np.ndarray:
+        """Entries [lo, hi) of an array read through zarr; any failure is one StoreError."""
+        try:
+            arr = self._group[path]
+            size = arr.shape[0]
+            stop = size if hi is None else hi
+            if expect is not None and expect.size is not None and size != expect.size:
+                raise self.damaged(f"'{path}' holds {size} entries, not the {expect.size} its "
+                                   "band's pointer and band_nnz say")  # fmt: skip
+            if not 0 <= lo <= stop <= size:
+                raise self.damaged(f"entries [{lo}, {stop}) asked of '{path}', of {size}")
+            return np.asarray(arr[lo:stop])
+        except StoreError:
+            raise
+        except KeyError:
+            raise self.damaged(f"'{path}' is missing") from None
+        except Exception as exc:
+            raise self.damaged(f"'{path}' cannot be read ({exc})") from None
+
+    def damaged(self, what: str, fix: str = "rebuild it") -> StoreError:
+        """The error for damage a read found (`what`); but for a local store rebuilt since
+        it was opened, the replacement is the cause, and that error is raised instead."""
+        self.ensure_same_build()
+        return StoreError(f"{self.url}: damaged store: {what}; {fix}")
+
+    def ensure_same_build(self) -> None:
+        """For a local store, raise the replaced-store error when it was rebuilt since it
+        was opened (nothing to check over a URL)."""
+        if not is_url(self.url):
+            self._check_same_build()
 
     def _check_same_build(self) -> None:
         """A local store replaced since it was opened (``--overwrite``) is an error: reading
@@ -314,23 +357,46 @@ class RatingsStore:
         return t if orient == "row" else (t[1], t[0])
 
     def counts(self, orient: Orientation = "row", rows: tuple[int, int] | None = None):
-        """Training ratings per row ("row") or per column ("col") of [lo, hi), int64."""
-        lo, hi = rows if rows is not None else (0, self.shape(orient)[0])
+        """Training ratings per row ("row") or per column ("col") of [lo, hi), int64.
+
+        Read from band boundaries (a count chunk is one band: no more is decoded), so each
+        band's counts are checked to sum to its band_nnz, and each chunk against its
+        recorded crc32c: count chunks swapped between bands are an error."""
+        size, tile = self.shape(orient)[0], self.tile_size(orient)[0]
+        lo, hi = rows if rows is not None else (0, size)
+        a0, a1 = lo // tile, max(lo // tile, -(-hi // tile))
+        start, stop = a0 * tile, max(min(a1 * tile, size), hi)  # beyond the end: an error
         name = "row_nnz" if orient == "row" else "col_nnz"
-        threads = (os.cpu_count() or 1) if hi - lo > PARALLEL_COUNTS else 1
-        (counts,) = self.read([(name, lo, hi)], threads)
+        threads = (os.cpu_count() or 1) if stop - start > PARALLEL_COUNTS else 1
+        expect = shards.Expect(crcs=self._recorded_crcs(name))
+        (counts,) = self.read([(name, start, stop, expect)], threads)
         if counts.size and counts.min() < 0:
-            raise StoreError(f"{self.url}: damaged store: '{name}' has missing entries; rebuild it")
-        return counts
+            raise self.damaged(f"'{name}' has missing entries")
+        check_count_sums(self, name, counts, tile, self.band_nnz(orient)[a0:a1])
+        return counts if (start, stop) == (lo, hi) else counts[lo - start : hi - start].copy()
+
+    def _recorded_crcs(self, name: str) -> list[int | None] | None:
+        """The crc32c the build recorded for each chunk of a local array (in its attrs)."""
+        if is_url(self.url):
+            return None
+        return shards.layout(os.path.join(self.url, name)).attributes.get("crc32c")
 
     def band_nnz(self, orient: Orientation = "row", split: Split = "train") -> np.ndarray:
-        """Ratings per band of an orientation (or of the held-out split)."""
+        """Ratings per band of an orientation (or of the held-out split), read once per
+        opened store (read-only)."""
+        cache = self.__dict__.setdefault("_band_nnz", {})
+        if (orient, split) not in cache:
+            cache[orient, split] = self._read_band_nnz(orient, split)
+        return cache[orient, split]
+
+    def _read_band_nnz(self, orient: Orientation, split: Split) -> np.ndarray:
         path = f"{band_group(orient, split)}/band_nnz"
         if split == "test" and not self.has_test:
             return np.zeros(0, np.int64)
         (counts,) = self.read([(path, 0, None)])
         if counts.size and counts.min() < 0:
-            raise StoreError(f"{self.url}: damaged store: '{path}' has missing entries; rebuild it")
+            raise self.damaged(f"'{path}' has missing entries")
+        counts.flags.writeable = False
         return counts
 
     @property
@@ -339,16 +405,27 @@ class RatingsStore:
 
     def ids(self, axis: Literal["rows", "cols"]) -> np.ndarray | None:
         """The original ids of rows or columns (None when they are 0..m-1 / 0..n-1). Every
-        chunk must be there: a missing one would read as its fill value, a possible id."""
+        chunk must be there (a missing one would read as its fill value, a possible id),
+        every one must decode, and no id may repeat; else one StoreError."""
         path = f"ids/{axis}"
+        try:
+            values = self._read_ids(path, self.m if axis == "rows" else self.n)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise self.damaged(f"'{path}' cannot be read ({exc})", IDS_FIX) from None
+        if values is not None:
+            check_unique_ids(self, path, values)
+        return values
+
+    def _read_ids(self, path: str, size: int) -> np.ndarray | None:
         group = self._group
         if path not in group:
             return None
         ids = group[path]
-        size = self.m if axis == "rows" else self.n
         if ids.shape != (size,) or ids.nchunks_initialized < ids.nchunks:
-            raise StoreError(f"{self.url}: damaged store: '{path}' is not the {size} ids it "
-                             "should be (a chunk is missing?); rebuild it")  # fmt: skip
+            raise self.damaged(f"'{path}' is not the {size} ids it should be (a chunk is "
+                               "missing?)")  # fmt: skip
         if ids.dtype.kind in "iu":
             (values,) = self.read([(path, 0, None)])
             return values
@@ -371,19 +448,32 @@ class RatingsStore:
         threads: int = 1,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(major_local, minor, val) of one band, optionally only its tiles [t0, t1), checked:
-        local rows and global columns in range, ratings finite."""
+        the band is the one asked for, its pointer ends at its band_nnz, each chunk is the
+        one built there, local rows and global columns in range, ratings finite."""
         path = f"{band_group(orient, split)}/{band}"
-        (ptr,) = self.read([(f"{path}/ptr", 0, None)])
+        nnz, crcs = check_band(self, path, orient, split, band, self.band_size(orient, split, band))
+        (ptr,) = self.read([(f"{path}/ptr", 0, None, shards.Expect(crcs=crcs.get("ptr")))])
         n_tiles = self.n_col_tiles if orient == "row" else self.n_row_tiles
-        if ptr.shape != (n_tiles + 1,) or ptr[0] != 0 or np.any(np.diff(ptr) < 0):
-            raise StoreError(f"{self.url}: damaged store: '{path}/ptr' is not a tile pointer")
+        check_ptr(self, path, ptr, n_tiles, nnz, f"{orient} band {band} ({split})")
         t0, t1 = tiles if tiles is not None else (0, n_tiles)
         lo, hi = int(ptr[t0]), int(ptr[t1])
         major, minor, val = self.read(
-            [(f"{path}/{name}", lo, hi) for name in ("major", "minor", "val")], threads
-        )
+            [(f"{path}/{name}", lo, hi, shards.Expect(nnz, crcs.get(name)))
+             for name in ("major", "minor", "val")], threads,
+        )  # fmt: skip
         self._check_band(path, band, orient, major, minor, val)
         return major, minor, val
+
+    def band_size(self, orient: Orientation, split: Split, band: int) -> int | None:
+        """Ratings in one band (its band_nnz; None while the store is being built, before
+        band_nnz is written); a band the store does not have is an error."""
+        if not self.attrs.get("complete"):  # the transposition reads the row bands
+            return None
+        totals = self.band_nnz(orient, split)
+        if not 0 <= band < totals.size:
+            raise StoreError(f"{self.url}: {band_group(orient, split)} has no band {band} "
+                             f"(it has {totals.size})")  # fmt: skip
+        return int(totals[band])
 
     def _check_band(self, path: str, band: int, orient: Orientation, major, minor, val) -> None:
         if not val.size:
@@ -396,10 +486,8 @@ class RatingsStore:
             or minor.max() >= n_minor or not np.isfinite(val).all()
         )  # fmt: skip
         if bad:
-            raise StoreError(
-                f"{self.url}: damaged store: band '{path}' holds entries out of range or "
-                "not finite (a missing chunk?); rebuild the store"
-            )
+            raise self.damaged(f"band '{path}' holds entries out of range or not finite (a "
+                               "missing chunk?)", "rebuild the store")  # fmt: skip
 
     def read_coo(
         self,

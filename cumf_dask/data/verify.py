@@ -5,7 +5,8 @@ fit needs it. :func:`verify_store` reads every band now, on a thread pool, and c
 one band cannot show alone: each band holds the ratings ``band_nnz`` says, every row and
 column holds the ratings ``row_nnz`` / ``col_nnz`` say (counted in both orientations), both
 orientations hold the same ratings (an order-free digest of (row, column, value)), and the
-values match the store's ``stats``. The id maps are read whole too (every chunk there).
+values match the store's ``stats``. The id maps are read whole too (every chunk there,
+no id twice).
 """
 
 from __future__ import annotations
