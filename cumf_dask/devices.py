@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
+from typing import Any
 
 from .compat import has_module
+from .errors import ConfigError
 
 
 @lru_cache(maxsize=1)
@@ -71,13 +73,63 @@ def gpu_memories() -> list[int]:
             if entry.isdigit():
                 handle = pynvml.nvmlDeviceGetHandleByIndex(int(entry))
             elif entry.startswith(("GPU-", "MIG-")):
-                handle = pynvml.nvmlDeviceGetHandleByUUID(entry)
+                handle = _handle_by_uuid(pynvml, entry)
             else:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(k)
             sizes.append(int(pynvml.nvmlDeviceGetMemoryInfo(handle).total))
     finally:
         pynvml.nvmlShutdown()
     return sizes
+
+
+def _handle_by_uuid(pynvml: Any, entry: str) -> Any:
+    """NVML's handle of the device a ``CUDA_VISIBLE_DEVICES`` UUID entry names: the whole
+    UUID, or (as CUDA accepts) its first characters, matched against every device's UUID
+    (NVML itself wants the whole one). ConfigError naming the entry when no device, or
+    several, match."""
+    try:
+        return pynvml.nvmlDeviceGetHandleByUUID(entry)
+    except pynvml.NVMLError:
+        pass
+    found = [handle for uuid, handle in _nvml_uuids(pynvml) if uuid.startswith(entry)]
+    if len(found) != 1:
+        what = "no GPU's UUID starts" if not found else f"{len(found)} GPUs' UUIDs start"
+        raise ConfigError(
+            f"CUDA_VISIBLE_DEVICES entry {entry!r}: {what} with it (nvidia-smi -L lists "
+            "them); name each GPU by its index or a longer part of its UUID"
+        )
+    return found[0]
+
+
+def _nvml_uuids(pynvml: Any) -> list[tuple[str, Any]]:
+    """(UUID, handle) of every GPU NVML sees and of their MIG devices, if any."""
+    out = []
+    for i in range(int(pynvml.nvmlDeviceGetCount())):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+        out.append((_text(pynvml.nvmlDeviceGetUUID(handle)), handle))
+        out.extend(_mig_uuids(pynvml, handle))
+    return out
+
+
+def _mig_uuids(pynvml: Any, gpu: Any) -> list[tuple[str, Any]]:
+    """(UUID, handle) of a GPU's MIG devices ([] when MIG is off or NVML lacks it)."""
+    out = []
+    try:
+        slots = int(pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu))
+    except Exception:
+        return out
+    for j in range(slots):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, j)
+        except Exception:  # an empty slot
+            continue
+        out.append((_text(pynvml.nvmlDeviceGetUUID(mig)), mig))
+    return out
+
+
+def _text(value: str | bytes) -> str:
+    """NVML's strings are bytes in older pynvml releases."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def has_cuda() -> bool:

@@ -64,9 +64,23 @@ class CumfWarning(UserWarning):
     """A problem cumf-dask handled on its own and that the user should still know of."""
 
 
+CUDA_OUT_OF_MEMORY = 2  # cudaErrorMemoryAllocation (runtime), CUDA_ERROR_OUT_OF_MEMORY (driver)
+_CUDA_ERRORS = ("CUDARuntimeError", "CUDADriverError")  # CuPy's, by name
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
-    """MemoryError, or CuPy's (or any framework's) OutOfMemoryError, without importing it."""
-    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+    """MemoryError, CuPy's (or any framework's) OutOfMemoryError, or CUDA's allocation
+    failure (a CUDARuntimeError/CUDADriverError of status 2: page-locked host memory that
+    cudaHostAlloc could not lock), all without importing CuPy."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return type(exc).__name__ in _CUDA_ERRORS and _cuda_status(exc) == CUDA_OUT_OF_MEMORY
+
+
+def _cuda_status(exc: BaseException) -> int | None:
+    """A CUDA error's status code (None if it has none that is an int)."""
+    status = getattr(exc, "status", None)
+    return status if isinstance(status, int) else None
 
 
 @contextmanager

@@ -160,3 +160,63 @@ def test_numpy_loops_stop_while_their_local_cluster_closes(solver):
     finally:
         STOPPING.clear()
     assert np.isfinite(backend.update(block, fixed, counts, spec)).all()
+
+
+def test_round_bfloat16_keeps_every_nan():
+    """A NaN with its upper mantissa bits set (CUDA's 0x7FFFFFFF) was carried into the sign
+    or wrapped to 0 by the rounding bias: a non-finite factor vanished from the Gram."""
+    from cumf_dask.backend import get_backend
+    from cumf_dask.backend.base import round_bfloat16
+
+    nans = np.array([0x7FC00000, 0x7FFFFFFF, 0x7FFF8000, 0xFFFFFFFF, 0x7F800001, 0xFF800001],
+                    np.uint32).view(np.float32)  # fmt: skip
+    out = round_bfloat16(np, nans)
+    assert np.isnan(out).all()
+    assert (np.signbit(out) == np.signbit(nans)).all()
+    top = np.finfo(np.float32).max  # rounds up past bfloat16's largest: inf
+    edges = np.array([np.inf, -np.inf, 1.0, 1.00390625, 1.01171875, top], np.float32)
+    np.testing.assert_array_equal(round_bfloat16(np, edges),
+                                  [np.inf, -np.inf, 1, 1, 1.015625, np.inf])  # fmt: skip
+    fixed = np.full((3, 4), 0.5, np.float32)
+    fixed[1] = nans[1]
+    stored = get_backend("numpy+bfloat16").prepare_fixed(fixed)
+    assert np.isnan(stored[1]).all() and (stored[[0, 2]] == 0.5).all()
+
+
+def test_cuda_allocation_failures_are_out_of_memory():
+    """cudaHostAlloc's failure (page-locked host memory) is CuPy's CUDARuntimeError of
+    status 2, recognised by name and status (no CuPy import): a DeviceMemoryError, exit 4."""
+    from cumf_dask.errors import DeviceMemoryError, is_out_of_memory, out_of_memory_as
+
+    def cuda_error(name, status):
+        error = type(name, (RuntimeError,), {})(f"{name}: status {status}")
+        error.status = status
+        return error
+
+    assert is_out_of_memory(cuda_error("CUDARuntimeError", 2))
+    assert is_out_of_memory(cuda_error("CUDADriverError", 2))
+    assert not is_out_of_memory(cuda_error("CUDARuntimeError", 1))  # an invalid value
+    assert not is_out_of_memory(cuda_error("SomeOtherError", 2))
+    fix = "set plan.blocks: store"
+    with pytest.raises(DeviceMemoryError, match=r"page-locked.*plan\.blocks"), \
+            out_of_memory_as("locking page-locked host memory", fix):  # fmt: skip
+        raise cuda_error("CUDARuntimeError", 2)
+
+
+def test_cg_gives_nan_only_to_systems_that_are_not_finite():
+    """A row whose system holds inf or NaN (alpha beyond float32: s = inf, t = NaN) got x0
+    back, finite: now NaN, for the finite checks; the other rows solve as alone."""
+    from cumf_dask.backend.objective import batched_cg
+
+    rng = np.random.default_rng(4)
+    G = rng.standard_normal((4, 6, 5))
+    M = G.transpose(0, 2, 1) @ G + np.eye(5)
+    b, x0 = rng.standard_normal((4, 5)), rng.standard_normal((4, 5))
+    M[1, 2, 3] = M[1, 3, 2] = np.inf
+    b[2, 0] = np.nan
+    with np.errstate(all="ignore"):
+        x = batched_cg(np, M, b, x0, 3)
+    assert np.isnan(x[[1, 2]]).all()
+    good = [0, 3]
+    np.testing.assert_array_equal(x[good], batched_cg(np, M[good], b[good], x0[good], 3))
+    assert np.isfinite(x[good]).all()

@@ -13,7 +13,7 @@ from conftest import float32_cg_change, random_ratings, rel_err
 from reference import half_step
 
 from cumf_dask.blocks import Block, coo_to_block
-from cumf_dask.errors import DeviceMemoryError
+from cumf_dask.errors import ConfigError, DeviceMemoryError
 
 pytestmark = pytest.mark.gpu
 
@@ -455,6 +455,45 @@ def test_chunks_larger_than_the_staging_buffer_reach_the_gpu_whole(gpu, monkeypa
     np.testing.assert_array_equal(gpu.to_host(out[100:1100]), values)
 
 
+SPIN_COPY = r"""
+extern "C" __global__ void spin_copy(const float* src, float* dst, long long n, long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) dst[i] = src[i];
+}
+"""
+
+
+def test_a_load_never_overwrites_memory_that_queued_kernels_still_read(gpu):
+    """A kernel queued to read `src` after ~0.5 s; `src` freed at once (as a task frees its
+    temporaries once their kernels are queued); the pool hands its memory to the next
+    decoded array, whose copy runs on a staging stream: it waits for that kernel."""
+    import cupy as cp
+
+    from cumf_dask.backend.cupy_backend import _staging
+
+    spin = cp.RawKernel(SPIN_COPY, "spin_copy")
+    device = cp.cuda.Device()
+    n = (1 << 20) + 1234  # a size no other array here has
+    target = gpu.decode_target()
+    _staging(device.id, n * 4)  # this thread's page-locked buffer and stream, made first
+    dst, src = cp.zeros(n, cp.float32), cp.full(n, 1.0, cp.float32)
+    spin((1,), (32,), (src, dst, np.int64(0), np.int64(0)))  # compiled
+    device.synchronize()
+    freed = src.data.ptr
+    spin((132,), (128,), (src, dst, np.int64(n), np.int64(1_000_000_000)))
+    del src
+    out = target.empty(n, np.dtype(np.float32))
+    chunk = target.chunk(out, 0, n, np.dtype(np.float32))
+    chunk[...] = 2.0
+    target.put(out, 0, chunk)
+    device.synchronize()
+    assert out.data.ptr == freed  # the case at hand: the same memory
+    assert float(dst.min()) == float(dst.max()) == 1.0
+    assert float(out.min()) == 2.0
+
+
 # ----------------------------------------------------------------------------- implicit, CG
 
 
@@ -650,3 +689,63 @@ def test_prepare_compiles_and_rehearses_every_path(f, spec, precision):
         spec = UpdateSpec(0.1, implicit=True, alpha=2.0, solver="cg")
     be.prepare(f, spec)
     assert be._kernels(f, "bf16" if precision == "bfloat16" else "float", spec)
+
+
+# ----------------------------------------------------------------------------- review s39
+
+
+def test_a_gpu_nan_stays_nan_in_bfloat16_rows(gpu):
+    """CUDA's NaN is 0x7FFFFFFF: the rounding carried it into the sign (-0.0), so with
+    precision bfloat16 a non-finite fixed factor vanished from the Gram; now NaN, as the
+    NumPy emulation gives."""
+    import cupy as cp
+
+    from cumf_dask.backend.base import round_bfloat16
+    from cumf_dask.backend.cupy_backend import bfloat16_rows
+
+    x = cp.sqrt(cp.full((3, 8), -1.0, cp.float32))  # NaN made by a CUDA kernel
+    x[1] = 0.5
+    rows = bfloat16_rows(x).get()
+    widened = (rows.astype(np.uint32) << 16).view(np.float32)
+    assert np.isnan(widened[[0, 2]]).all() and (widened[1] == 0.5).all()
+    host = round_bfloat16(np, cp.asnumpy(x))
+    np.testing.assert_array_equal(widened.view(np.uint32), host.view(np.uint32))
+
+
+def test_page_locked_memory_running_out_is_a_device_memory_error():
+    """cudaHostAlloc's failure (CUDARuntimeError, cudaErrorMemoryAllocation) was re-raised as
+    it was: a traceback and exit 1 instead of DeviceMemoryError and exit 4."""
+    import cupy as cp
+
+    from cumf_dask.backend.cupy_backend import pinned_empty
+    from cumf_dask.errors import is_out_of_memory
+
+    with pytest.raises(cp.cuda.runtime.CUDARuntimeError) as raw:
+        cp.cuda.PinnedMemory(1 << 50)  # 1 PiB: fails at once, locks nothing
+    assert is_out_of_memory(raw.value)
+    for pooled in (False, True):
+        with pytest.raises(DeviceMemoryError, match=r"page-locked host memory.*plan\.blocks"):
+            pinned_empty((1 << 50,), np.uint8, pooled=pooled)
+
+
+def test_an_abbreviated_gpu_uuid_in_cuda_visible_devices_is_found(monkeypatch):
+    """CUDA accepts a UUID's first characters (GPU-xxxxxxxx); NVML wants the whole one, and
+    gpu_memories() raised NVMLError_NotFound: plan and train crashed."""
+    import pynvml
+
+    from cumf_dask import devices
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        uuid, total = pynvml.nvmlDeviceGetUUID(handle), pynvml.nvmlDeviceGetMemoryInfo(handle)
+    finally:
+        pynvml.nvmlShutdown()
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 1)  # not the cached count
+    for entry in (uuid[:12], uuid):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", entry)
+        assert devices.gpu_memories() == [int(total.total)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-zzzz")
+    with pytest.raises(ConfigError, match="GPU-zzzz"):
+        devices.gpu_memories()

@@ -118,6 +118,50 @@ def test_explicit_cg_matches_reference(backend):
     assert rel_err(X, exact) > 1e-4  # two steps are not the exact solve
 
 
+@pytest.mark.parametrize("path", ["update", "solve"])
+def test_cg_rows_whose_system_is_not_finite_are_nan(backend, path):
+    """alpha beyond float32 (c = inf: s inf, t NaN): the CPU's CG kept x0 and the GPU's wrote
+    0, both finite, and the fit exited 0 having learned nothing. Now both give NaN to every
+    row with a positive count (the fit's finite check stops it: NumericalError) and 0 to a
+    row without ratings, the same on each backend (the fused kernel and A in memory)."""
+    m, n, f = 40, 30, 8
+    rows, cols, vals = counts_data(m, n, 0.2, 7, empty_rows=[2])
+    block = backend.block_to_device(coo_to_block(rows, cols, vals, 0, 0, m, n))
+    fixed, previous = init_factor(n, f, 3), init_factor(m, f, 3, stream=2)
+    counts = np.bincount(rows, minlength=m)
+    spec = UpdateSpec(LAM, weighted=False, implicit=True, alpha=1e39, solver="cg")
+    G0 = fixed.astype(np.float64).T @ fixed
+    with np.errstate(all="ignore"):
+        if path == "update":
+            X = backend.update(block, backend.asarray(fixed), backend.asarray(counts), spec,
+                               x0=backend.asarray(previous))  # fmt: skip
+        else:
+            A, B = backend.hermitian(block, backend.asarray(fixed), spec)
+            X = backend.solve(A, B, backend.asarray(counts), spec, gram0=backend.asarray(G0),
+                              x0=backend.asarray(previous))  # fmt: skip
+    X = backend.to_host(X)
+    positive = np.bincount(rows[vals > 0], minlength=m) > 0
+    assert np.isnan(X[positive]).all()
+    assert (X[counts == 0] == 0).all() and counts[2] == 0
+    assert np.isfinite(X[~positive]).all()
+
+
+def test_an_alpha_beyond_float32_is_refused_before_the_fit():
+    """alpha times the largest count overflowing float32 is one ConfigError naming
+    model.alpha and an alpha that fits, from the store's stats, before any cluster starts."""
+    from cumf_dask.backend.objective import check_confidence
+    from cumf_dask.errors import ConfigError
+
+    rows, cols, vals = counts_data(M, N, 0.1, 3)
+    top = float(vals.max())
+    with pytest.raises(ConfigError, match=r"alpha 1e\+39 \(model\.alpha\).*use alpha below"):
+        ImplicitALS(F, alpha=1e39, solver="cg", backend="numpy").fit((rows, cols, vals, (M, N)))
+    check_confidence(UpdateSpec(LAM, implicit=True, alpha=1e37), top)  # 4e37: fits
+    with pytest.raises(ConfigError, match=r"model\.eps"):
+        check_confidence(UpdateSpec(LAM, implicit=True, confidence="log", eps=1e-45), top)
+    check_confidence(UpdateSpec(LAM, alpha=1e39), top)  # explicit ratings: alpha unused
+
+
 # ----------------------------------------------------------------------------- engine
 
 # (workers, tiles, p, q, solver): as tests/test_engine.py's CASES, the paths that differ here

@@ -296,3 +296,16 @@ def test_reduce_to_one_costs_one_worker_every_sum_and_solve():
     one, scatter = (_plan(50_000, 200_000, 5_000_000, 32, 4, 4 * GB, p=4, q=2, reduction=r)
                     for r in ("one", "scatter"))  # fmt: skip
     assert one.theta.predicted["seconds"] > scatter.theta.predicted["seconds"]  # the plan's
+
+
+def test_gpu_factors_above_the_kernels_limit_are_a_config_error():
+    """The GPU kernels' limit is known before anything starts: one ConfigError (exit 2)
+    from the plan, not a task's ValueError after the cluster started and the blocks loaded."""
+    from cumf_dask.backend.base import MAX_F
+
+    assert MAX_F == 2032
+    with pytest.raises(ConfigError, match=r"model\.factors 2040: the GPU backend supports up "
+                                          r"to 2032 .*cluster\.backend: numpy"):  # fmt: skip
+        make_plan(1000, 500, 20_000, MAX_F + 8, 1, 80 * GB, backend="cupy")
+    assert make_plan(1000, 500, 20_000, MAX_F, 1, 80 * GB, backend="cupy").x.p >= 1
+    assert make_plan(1000, 500, 20_000, MAX_F + 8, 1, 80 * GB, backend="numpy").x.p >= 1

@@ -105,3 +105,94 @@ def test_a_gpu_cluster_starts_with_the_rmm_pool_asked_for(size, fraction):
             want = fraction * total if fraction else 2e9
             # dask-cuda takes the share of NVML's total and rounds: 8.55 GB for 10% of an H100
             assert pool == pytest.approx(want, rel=0.01)
+
+
+def test_a_gpu_job_with_more_factors_than_the_kernels_take_stops_before_a_cluster(
+    tmp_path, monkeypatch
+):
+    """model.factors above the GPU kernels' limit: one ConfigError from the plan made on
+    this machine, before a cluster starts (it was a task's traceback, exit 1)."""
+    from cumf_dask import pipeline
+
+    rows, cols, vals = random_ratings(60, 40, 0.2, seed=2)
+    build_store(str(tmp_path / "r.zarr"), rows, cols, vals, shape=(60, 40))
+    config = load_config(data={
+        "data": {"store": str(tmp_path / "r.zarr")}, "model": {"factors": 2040},
+        "cluster": {"backend": "cupy", "devices": [0]}, "output": {"dir": str(tmp_path)},
+    })  # fmt: skip
+    monkeypatch.setattr(cluster, "gpu_memories", lambda: [80 * 10**9])  # one GPU, by NVML
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a cluster was started")
+
+    monkeypatch.setattr(pipeline, "cluster_client", no_cluster)
+    with pytest.raises(ConfigError, match=r"model\.factors 2040: the GPU backend supports up to "
+                                          r"2032"):  # fmt: skip
+        pipeline.train(config, log=lambda _: None)
+
+
+class _FakeNVML:
+    """pynvml over three GPUs, the last with one MIG device: NVML's handles by whole UUID
+    only (an abbreviated one is NVMLError_NotFound, as the real NVML)."""
+
+    class NVMLError(Exception):
+        pass
+
+    UUIDS = ("GPU-059a0bdd-1111-2222-3333-444455556666", "GPU-059a1234-aaaa-bbbb-cccc-dddd",
+             "GPU-7f00aaaa-eeee-ffff-0000-111122223333", "MIG-abcd0123-4444-5555-6666-7777")
+    TOTALS = (80, 40, 20, 10)  # GB
+
+    def __init__(self):
+        self.nvmlInit = self.nvmlShutdown = lambda: None
+
+    def nvmlDeviceGetCount(self):
+        return 3
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if uuid not in self.UUIDS:
+            raise self.NVMLError("Not Found")
+        return self.UUIDS.index(uuid)
+
+    def nvmlDeviceGetUUID(self, handle):
+        return self.UUIDS[handle].encode()  # bytes, as older pynvml releases give
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle):
+        if handle != 2:
+            raise self.NVMLError("Not Supported")
+        return 2
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, j):
+        if j:
+            raise self.NVMLError("Not Found")  # an empty slot
+        return 3
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return type("Memory", (), {"total": self.TOTALS[handle] * 10**9})
+
+
+@pytest.mark.parametrize(("visible", "totals"), [
+    ("GPU-059a0bdd", [80]),  # CUDA accepts the UUID's first characters; NVML does not
+    ("GPU-059a0bdd-1111-2222-3333-444455556666", [80]),
+    ("GPU-7f,1", [20, 40]),
+    ("MIG-abcd", [10]),
+    ("GPU-059a", "2 GPUs' UUIDs start"),
+    ("GPU-ffff", "no GPU's UUID starts"),
+])  # fmt: skip
+def test_abbreviated_gpu_uuids_are_found_by_prefix(monkeypatch, visible, totals):
+    """An abbreviated UUID in CUDA_VISIBLE_DEVICES crashed plan and train with an NVML
+    traceback; it names the GPU whose UUID starts so, else a ConfigError names it."""
+    import sys
+
+    from cumf_dask import devices
+
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNVML())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: len(visible.split(",")))
+    if isinstance(totals, str):
+        with pytest.raises(ConfigError, match=f"entry '{visible}': {totals} with it"):
+            devices.gpu_memories()
+    else:
+        assert devices.gpu_memories() == [t * 10**9 for t in totals]

@@ -397,7 +397,7 @@ def test_existing_store_needs_overwrite(tmp_path):
 
 
 def test_failure_removes_partial_store(tmp_path, monkeypatch):
-    def broken(url, band):
+    def broken(url, band, *gpu):  # a third argument where a GPU transposes
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(synthetic, "transpose_band", broken)

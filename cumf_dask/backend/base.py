@@ -42,6 +42,8 @@ from ..data.shards import HOST, Target
 from .objective import UpdateSpec, as_spec, confidence_of
 
 PRECISIONS = ("float32", "bfloat16")  # storage of the fixed factor in the Gram build
+MAX_F = 2032  # the GPU backend's most factors: F <= 2040, the Gram bins (float32: three of 1+
+# rows) fit 48 KB of shared memory; here (no CuPy import) for the plan to check it
 
 
 class Backend(ABC):
@@ -266,7 +268,13 @@ class Backend(ABC):
 
 
 def round_bfloat16(xp: Any, x: Any) -> Any:
-    """float32 values rounded to the nearest bfloat16 (ties to even), still as float32."""
+    """float32 values rounded to the nearest bfloat16 (ties to even), still as float32; a
+    NaN stays a NaN (its sign kept, made quiet): the rounding bias would carry a NaN with
+    its upper mantissa bits set (CUDA's 0x7FFFFFFF) into the sign, or wrap it to 0, and a
+    non-finite factor would vanish from the Gram instead of reaching the finite checks."""
     bits = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
-    rounded = (bits + xp.uint32(0x7FFF) + ((bits >> 16) & xp.uint32(1))) & xp.uint32(0xFFFF0000)
+    high = xp.uint32(0xFFFF0000)
+    rounded = (bits + xp.uint32(0x7FFF) + ((bits >> 16) & xp.uint32(1))) & high
+    nan = (bits & xp.uint32(0x7FFFFFFF)) > xp.uint32(0x7F800000)
+    rounded = xp.where(nan, (bits & high) | xp.uint32(0x00400000), rounded)
     return rounded.view(xp.float32)

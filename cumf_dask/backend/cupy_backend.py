@@ -69,15 +69,14 @@ import numpy as np
 from ..blocks import Bands, Block, block_on_host, check_columns
 from ..compat import import_cupy
 from ..data.sampling import bin_counts
-from ..errors import out_of_memory_as
-from .base import Backend, round_bfloat16
+from ..errors import is_out_of_memory, out_of_memory_as
+from .base import MAX_F, Backend, round_bfloat16
 from .objective import UpdateSpec, as_spec, batched_cg, gram_weights, regularization, symmetric
 
 cp = import_cupy()
 
 TILE = 8  # register tile edge (kernels' TILE)
 MAX_FUSED_F = 256  # f up to this: fused update and own solve (one register tile per thread)
-MAX_F = 2032  # F <= 2040: the Gram bins (float32: three of 1+ rows) fit 48 KB of shared memory
 MAX_THREADS = 576  # one tile per thread up to F = 264 (33 x 34 / 2 = 561 tiles)
 BATCH_BYTES = 1 << 30  # A of a row batch when rows go through hermitian + solve
 THREADS_PER_SM = 480  # kernels' register cap: this many resident threads per SM
@@ -100,6 +99,9 @@ CHECK_GRID = (1024, 256)  # blocks (at most) and threads of the one-pass checks
 _INCLUDE = re.compile(r'^#include "(\w+\.cuh)".*$', re.M)  # spliced in (CuPy's cache key is
 # the text it compiles)
 _SMALLER = "plan smaller batches (a larger plan.q) so that a block fits the GPU"
+_PINNED_FIX = ("keep the blocks and factors off host memory (plan.blocks: device or store, "
+               "plan.factors: device) or lower cluster.memory_limit; a container may also cap "
+               "locked memory (ulimit -l)")  # fmt: skip
 _ELEMENT = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}  # kernels' T by dtype
 
 
@@ -338,7 +340,7 @@ class _PinnedBlocks:
             try:
                 memory = cp.cuda.PinnedMemory(nbytes)
             except cp.cuda.runtime.CUDARuntimeError as exc:
-                if exc.status != cp.cuda.runtime.errorMemoryAllocation:
+                if not is_out_of_memory(exc):  # (CuPy names no constant for its status)
                     raise
                 self.clear()  # the blocks kept for other sizes may be what is missing
                 memory = cp.cuda.PinnedMemory(nbytes)
@@ -366,7 +368,8 @@ def pinned_empty(shape: tuple[int, ...], dtype: Any, pooled: bool = False) -> np
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if nbytes == 0:
         return np.empty(shape, dtype)
-    memory = _PINNED.take(nbytes) if pooled else cp.cuda.PinnedMemory(nbytes)
+    with out_of_memory_as(f"locking {nbytes:,} bytes of page-locked host memory", _PINNED_FIX):
+        memory = _PINNED.take(nbytes) if pooled else cp.cuda.PinnedMemory(nbytes)
     array = np.ndarray(shape, dtype, cp.cuda.PinnedMemoryPointer(memory, 0))
     if pooled:
         weakref.finalize(array, _PINNED.give_back, nbytes, memory)
@@ -392,10 +395,17 @@ class _DeviceTarget:
 
     def __init__(self) -> None:
         self.device = cp.cuda.Device().id
+        self._allocated: dict[int, Any] = {}  # an output's pointer: its allocation's event
 
     def empty(self, size: int, dtype: np.dtype) -> Any:
+        """The pool may hand over memory that kernels queued earlier on this thread's
+        stream still read (a task returns once its kernels are queued, and frees its
+        temporaries then): :meth:`put`'s copies, on streams of their own, wait on the GPU
+        for the work queued before this allocation (an event recorded now)."""
         with cp.cuda.Device(self.device):
-            return cp.empty(size, dtype)
+            out = cp.empty(size, dtype)
+            self._allocated[out.data.ptr] = cp.cuda.get_current_stream().record()
+            return out
 
     def chunk(self, out: Any, start: int, size: int, dtype: np.dtype) -> np.ndarray:
         nbytes = size * dtype.itemsize
@@ -404,6 +414,7 @@ class _DeviceTarget:
     def put(self, out: Any, start: int, chunk: np.ndarray) -> None:
         with cp.cuda.Device(self.device):
             stream = _staging(self.device, chunk.nbytes)[1]
+            stream.wait_event(self._allocated[out.data.ptr])
             out[start : start + chunk.size].set(chunk, stream=stream)
             stream.synchronize()
 

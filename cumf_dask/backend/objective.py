@@ -31,21 +31,27 @@ partials of a data-parallel half-step (p > 1) never include it.
 
 Solvers: "cholesky" solves (1) exactly; "cg" runs ``cg_steps`` steps of conjugate gradient
 warm-started from the row's previous factor, exactly implicit's recurrence (absolute 1e-20
-stopping thresholds; rows without ratings get 0). :func:`batched_cg` is that recurrence on a
-stack of formed matrices, for any array module.
+stopping thresholds; rows without ratings get 0; a row whose system is not finite gets NaN,
+reported by the finite checks). :func:`batched_cg` is that recurrence on a stack of formed
+matrices, for any array module.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from ..checks import check_choice, check_number
+from ..errors import ConfigError
 
 CG_SMALL = 1e-20  # implicit's absolute threshold on r.r (skip a row / stop early)
 W_MIN = 1e-12  # floor of an implicit weight c - 1 on a positive entry (see module doc)
 SOLVERS = ("cholesky", "cg")
 CONFIDENCES = ("linear", "log")
+F32_MAX = float(np.finfo(np.float32).max)  # the backends compute the weights in float32
 Solver = Literal["cholesky", "cg"]
 ConfidenceForm = Literal["linear", "log"]
 
@@ -108,6 +114,32 @@ def gram_weights(xp: Any, values: Any, spec: UpdateSpec | None) -> tuple[Any, An
     )
 
 
+def check_confidence(spec: UpdateSpec, top: float | None) -> None:
+    """ConfigError when the confidence of the largest value `top` (a store's stats) is not
+    finite in float32, as the backends compute it: its weights (s inf, t NaN) would make
+    every system with it non-finite; said before anything runs, with the alpha that fits."""
+    if not spec.implicit or top is None or not top > 0:
+        return
+    with np.errstate(all="ignore"):
+        s, t = gram_weights(np, np.array([top], np.float32), spec)
+        ratio = np.float32(top) / np.float32(spec.eps)  # the log form's r / eps, in float32
+    if np.isfinite(s).all() and np.isfinite(t).all():
+        return
+    linear = spec.confidence == "linear"
+    if not linear and not np.isfinite(ratio):
+        raise ConfigError(
+            f"eps {spec.eps:g} (model.eps): the log confidence's largest rating over eps, "
+            f"{top:g} / {spec.eps:g}, overflows float32 (above {F32_MAX:.3g}); use a larger eps"
+        )
+    g = top if linear else math.log1p(float(ratio))
+    form = "r" if linear else "log(1 + r / eps)"
+    raise ConfigError(
+        f"alpha {spec.alpha:g} (model.alpha): the confidence 1 + alpha {form} of the largest "
+        f"rating ({top:g}) overflows float32 (above {F32_MAX:.3g}): its weights would not be "
+        f"finite; use alpha below {F32_MAX / max(g, 1.0) / 2:.3g}, or rescale the ratings"
+    )
+
+
 def regularization(xp: Any, counts: Any, spec: UpdateSpec) -> Any:
     """reg_u of each row: lam * n_u (weighted) or lam."""
     counts = xp.asarray(counts)
@@ -125,13 +157,18 @@ def symmetric(xp: Any, M: Any) -> Any:
 def batched_cg(xp: Any, M: Any, b: Any, x0: Any, steps: int) -> Any:
     """``steps`` CG steps on M x = b for a stack of systems, from x0 (implicit's recurrence,
     per row: skip when r.r < CG_SMALL at the start, stop when it falls below). `M` is a stack
-    of full SPD matrices, or a function giving the stack of products M p (matrix-free)."""
+    of full SPD matrices, or a function giving the stack of products M p (matrix-free).
+
+    A row whose system is not finite (its starting r.r is NaN or inf: M, b or x0 holds one)
+    gets NaN, so that the finite checks stop the fit; a NaN that arises later gives 0, as
+    implicit's. The GPU's ``cg_solve`` (kernels/cg.cuh) does the same."""
     matvec = M if callable(M) else (lambda v: xp.einsum("rij,rj->ri", M, v))
     x = x0.astype(b.dtype, copy=True)
     r = b - matvec(x)
     p = r.copy()
     rsold = (r * r).sum(axis=1)
-    active = rsold >= CG_SMALL
+    broken = ~xp.isfinite(rsold)
+    active = (rsold >= CG_SMALL) & ~broken
     for _ in range(steps):
         if not bool(active.any()):
             break
@@ -145,5 +182,6 @@ def batched_cg(xp: Any, M: Any, b: Any, x0: Any, steps: int) -> Any:
         beta = xp.where(active, rsnew / xp.where(active, rsold, 1), 0)[:, None]
         p = r + beta * p
         rsold = xp.where(active, rsnew, rsold)
-    x[~xp.isfinite(x).all(axis=1)] = 0  # as implicit: a NaN never propagates
+    x[~xp.isfinite(x).all(axis=1)] = 0  # as implicit: a NaN that arises in CG never propagates
+    x[broken] = xp.nan  # a system that was not finite is reported (NumericalError)
     return x

@@ -47,6 +47,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..backend.base import MAX_F
 from ..blocks import MAX_COLS
 from ..checks import check_choice
 from ..config import BlockTier, FactorTier, PlanConfig, check_size, parse_size, size_text
@@ -487,6 +488,16 @@ def _counts_from(first: int, last: int):
     yield last
 
 
+def check_gpu_factors(f: int, backend: str) -> None:
+    """ConfigError when the GPU backend cannot fit `f` factors: known before anything
+    starts (else the cluster starts, the blocks load, and the first update task fails)."""
+    if backend == "cupy" and f > MAX_F:
+        raise ConfigError(
+            f"model.factors {f}: the GPU backend supports up to {MAX_F} factors; use fewer "
+            "factors, or cluster.backend: numpy"
+        )
+
+
 def make_plan(
     m: int,
     n: int,
@@ -525,6 +536,7 @@ def make_plan(
         groups = nvml_groups(workers)  # None: one flat group
     if f < 1:
         raise PlanError(f"factors must be at least 1, got {f}")
+    check_gpu_factors(f, backend)
     if workers < 1:
         raise PlanError("the cluster has no workers; start some or check the scheduler address")
     if config.headroom is not None:

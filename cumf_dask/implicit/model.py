@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..backend.objective import CONFIDENCES, UpdateSpec
+from ..backend.objective import CONFIDENCES, UpdateSpec, check_confidence
 from ..checks import check_choice, check_number
 from ..data.store import RatingsStore
 from ..engine import tasks
@@ -144,13 +144,15 @@ class ImplicitALS(ALS):
         )  # fmt: skip
 
     def _check_store(self, store: RatingsStore, source: str | None = None) -> None:
-        """Refuse negative counts, naming `source` (default: the store's URL)."""
+        """Refuse negative counts, naming `source` (default: the store's URL), and an alpha
+        whose confidence of the largest count overflows float32."""
         low = store.stats.get("min")
         if low is not None and low < 0:
             raise ConfigError(
                 f"{source or store.url}: implicit feedback needs counts >= 0, it holds {low:g}; "
                 "use the explicit ALS for signed ratings"
             )
+        check_confidence(self._spec(), store.stats.get("max"))
 
     def _as_store(self, data: Any, client: Any) -> tuple[RatingsStore, Any]:
         """Also a SciPy sparse user x item matrix, as implicit's ``fit(user_items)``. In-memory

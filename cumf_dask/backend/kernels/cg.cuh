@@ -80,7 +80,9 @@ __device__ __forceinline__ float row_sum(const CgSmem<F, NT>& sh, int i) {
 // `steps` CG steps on (A + reg I) x = B from the extended Gram held as register tiles (A in
 // both triangles of the diagonal tiles, row f = B), from x0 (zeros when null), writing x to
 // x_out: implicit's recurrence (skip the row when r.r < 1e-20 at the start, stop when it
-// falls below; a NaN gives 0). All threads of the block must call it.
+// falls below; a NaN that arises gives 0). A system that is not finite (its starting r.r is
+// NaN or inf) gives NaN, for the finite checks, as objective.batched_cg does. All threads of
+// the block must call it.
 template <int F, int NT>
 __device__ __forceinline__ void cg_solve(float (&acc)[TILE][TILE], int ib, int jb, bool active,
                                          int f, float reg, const float* __restrict__ x0,
@@ -118,7 +120,8 @@ __device__ __forceinline__ void cg_solve(float (&acc)[TILE][TILE], int ib, int j
     }
     float rsold = block_sum<NT>(local, sh.red[buf]);
     buf ^= 1;
-    if (rsold >= CG_SMALL) {
+    const bool broken = !isfinite(rsold);  // the same in every thread (a block sum)
+    if (!broken && rsold >= CG_SMALL) {
         for (int it = 0; it < steps; ++it) {
             tile_matvec<F, NT>(acc, ib, jb, active, sh);  // q = A p
             local = 0.0f;
@@ -146,7 +149,8 @@ __device__ __forceinline__ void cg_solve(float (&acc)[TILE][TILE], int ib, int j
         }
     }
     const bool bad = rsold != rsold;  // NaN
-    for (int i = threadIdx.x; i < f; i += NT) x_out[i] = bad ? 0.0f : sh.x[i];
+    const float qnan = __int_as_float(0x7fffffff);
+    for (int i = threadIdx.x; i < f; i += NT) x_out[i] = broken ? qnan : bad ? 0.0f : sh.x[i];
 }
 
 // CG from A in memory (p > 1, after the reduction): block u loads system u (both triangles
