@@ -6,6 +6,7 @@ import gc
 import inspect
 import pickle
 import shutil
+import threading
 import warnings
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import random_ratings
 
+from cumf_dask.checkpoint import Checkpointer
 from cumf_dask.data.ingest import ingest_arrays
 from cumf_dask.data.inputs import ingest_input
 from cumf_dask.data.spill import build_store
@@ -56,6 +58,30 @@ def test_resume_after_interruption_matches_uninterrupted(store, client, tmp_path
     assert [r["iteration"] for r in resumed.metrics_] == [1, 2, 3, 4]
     np.testing.assert_allclose(resumed.user_factors_, full.user_factors_, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(resumed.item_factors_, full.item_factors_, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoints_are_written_while_the_fit_goes_on(store, client, tmp_path, monkeypatch):
+    """Checkpoint 1 is written until iteration 3 is reported: iterations 2 and 3 end while
+    it is written and are not saved; the last one always is."""
+    reported = {it: threading.Event() for it in (1, 2, 3, 4)}
+    saved: list[int] = []
+    real = Checkpointer.save
+
+    def save(self, iteration, *args):
+        if iteration == 1 and not reported[3].wait(30):
+            raise AssertionError("the fit waited for checkpoint 1")
+        saved.append(iteration)
+        real(self, iteration, *args)
+
+    monkeypatch.setattr(Checkpointer, "save", save)
+    ckpt = tmp_path / "ckpt"
+    callbacks = [lambda record: reported[record["iteration"]].set()]
+    ALS(4, 0.05, 4, backend="numpy", checkpoint_dir=str(ckpt), callbacks=callbacks).fit(
+        store, client=client
+    )
+    assert saved == [1, 4]
+    assert Checkpointer(ckpt).names() == ["iter-00004", "iter-00001"]
+    assert Checkpointer(ckpt).latest()[0] == 4
 
 
 def test_interrupted_checkpoint_write_keeps_previous(store, client, tmp_path):

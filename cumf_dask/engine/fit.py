@@ -4,8 +4,10 @@ Each iteration runs update X (Theta fixed) then update Theta (X fixed) as SU-ALS
 (:mod:`.halfstep`), times both (one small task per worker checks that the pieces it solved
 are finite: one device sync per half-step, no data moved), scores train (and held-out) RMSE where
 the blocks live (the implicit model: its objective, see ``SUALSEngine.implicit_loss``),
-writes an atomic checkpoint, and calls the callbacks with the iteration's record; the
-next iteration is already queued behind it by then (see ``_Run._iterate``). With the
+starts its atomic checkpoint (written on a thread while the next iterations run:
+:class:`~cumf_dask.checkpoint.BackgroundSaves`), and calls the callbacks with the
+iteration's record; the next iteration is already queued behind it by then (see
+``_Run._iterate``). With the
 CG solver each half-step starts from the solved factor's previous iterate (X's first one is
 drawn from the seed like Theta's, stream 2), and a resumed fit restores both factors.
 
@@ -34,7 +36,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import dask
@@ -44,7 +46,7 @@ from distributed import Client
 from ..backend import backend_spec
 from ..backend.objective import UpdateSpec
 from ..callbacks import IterationCallback, Progress
-from ..checkpoint import Checkpointer
+from ..checkpoint import BackgroundSaves, Checkpointer
 from ..config import PlanConfig
 from ..data.store import RatingsStore
 from ..errors import (
@@ -221,15 +223,12 @@ class FitResult:
 
 @dataclass
 class _State:
-    """Where a fit stands: iterations done, their metrics, the factors on the workers, and
-    the checkpoint this fit can go back to (None: only the start)."""
+    """Where a fit stands: iterations done, their metrics, the factors on the workers."""
 
     done: int
     metrics: list[dict[str, Any]]
     theta: Factor
     X: Factor | None = None
-    restore: int | None = None
-    losses: list[str] = field(default_factory=list)
 
 
 def fit(
@@ -428,18 +427,24 @@ class _Run:
         self.callbacks, self.progress = callbacks, progress
         self.replan = replan  # the plan for the workers left after a loss
         self.began = time.perf_counter()
+        self.saves: BackgroundSaves | None = None
 
     def until_done(self, found: tuple[int, dict, dict] | None) -> FitResult:
         """The fit's result, from the checkpoint `found` (else from the start); the blocks
         it kept on the workers are let go however it ends (a failed fit's traceback, which
         a notebook keeps, holds its frames)."""
         engine = self.engine
+        if self.checkpointer is not None:  # the engine's watch is replaced by a recovery
+            self.saves = BackgroundSaves(self.checkpointer, lambda c: engine.watch.compute(c),
+                                         found[0] if found else None)  # fmt: skip
         try:
             state = self._start(found)
             losses = 0
             while True:
                 try:
                     self._iterate(state)
+                    if self.saves is not None:
+                        self.saves.wait()
                     X = state.X
                     if X is None:  # nothing ran (iterations == 0): X from the initial Theta
                         X = engine.half_step("x", state.theta, state.done + 1)
@@ -455,6 +460,9 @@ class _Run:
             with suppress(Exception):  # the fit's own error is the one to see
                 engine.release()
             raise
+        finally:
+            if self.saves is not None:
+                self.saves.close()
         engine.release()
         done = state.done
         return FitResult(engine.plan, state.metrics, done, session, (factors[0], factors[1]))
@@ -474,7 +482,7 @@ class _Run:
         theta = engine.from_host(arrays["item_factors"], "theta")
         keep_x = cg or start >= params.iterations  # CG's starting point, or the final X
         X = engine.from_host(arrays["user_factors"], "x") if keep_x else None
-        return _State(start, list(attrs.get("metrics", [])), theta, X, restore=start)
+        return _State(start, list(attrs.get("metrics", [])), theta, X)
 
     def _recover(self, lost: WorkerLost, state: _State, losses: int) -> _State:
         """Plan again for the workers present and place everything on them; go back to this
@@ -482,7 +490,8 @@ class _Run:
         engine = self.engine
         where = f" ({lost.what})" if lost.what else ""
         gone = ", ".join(lost.lost) or "a worker"
-        back = f"checkpoint {state.restore}" if state.restore is not None else "the first iteration"
+        restore = self._last_checkpoint(lost_too=True)
+        back = f"checkpoint {restore}" if restore is not None else "the first iteration"
         if losses > MAX_RECOVERIES:
             raise WorkerLostError(
                 f"workers were lost {losses} times during this fit (last: {gone}{where}); "
@@ -506,10 +515,23 @@ class _Run:
         plan = self.replan(workers)
         engine.recover(workers, plan, has_compute_slots(client), read_threads(client, workers))
         engine.prepare(self.params.factors)
-        if state.restore is None or self.checkpointer is None:
+        if restore is None or self.checkpointer is None:
             return self._start(None)
-        attrs, arrays = self.checkpointer.load(state.restore)
-        return self._start((state.restore, attrs, arrays))
+        attrs, arrays = self.checkpointer.load(restore)
+        return self._start((restore, attrs, arrays))
+
+    def _last_checkpoint(self, lost_too: bool = False) -> int | None:
+        """The iteration of this fit's newest complete checkpoint (None: there is none),
+        once the save under way has ended; its error is raised, but for a worker lost
+        meanwhile (`lost_too`: that save stays incomplete, the one before it is kept)."""
+        if self.saves is None:
+            return None
+        try:
+            return self.saves.wait()
+        except WorkerLost:
+            if not lost_too:
+                raise
+            return self.saves.complete
 
     # ------------------------------------------------------------------ the loop
     def _iterate(self, state: _State) -> None:
@@ -532,13 +554,13 @@ class _Run:
                     begun, pending = time.time(), self._submit(it, state.theta, state.X)
                 current = X, theta = pending
                 pending = self._submit(it + 1, theta, X) if lookahead and it < last else None
-                self._wait(X, "x", it, state)
+                self._wait(X, "x", it)
                 # The X before is not needed once this one is solved (a recovery starts from
                 # a checkpoint): let it go now, not after update Theta, when the next X may
                 # already be made (a factor in host memory then reuses its page-locked memory
                 # instead of locking more: seen as a 1.5 s batch now and then).
                 state.X = X
-                self._wait(theta, "theta", it, state)
+                self._wait(theta, "theta", it)
                 x_end, theta_end = self.engine.finished_at(X, theta)
                 seconds = (max(x_end - begun, 0.0), max(theta_end - x_end, 0.0))
                 self._finish(state, it, X, theta, seconds)
@@ -574,12 +596,11 @@ class _Run:
         record["elapsed"] = time.perf_counter() - self.began
         record = plain(record)  # JSON for the checkpoint and the run's metrics
         metrics = [*state.metrics, record]
-        if self.checkpointer is not None:
+        saves = self.saves  # written while the next iterations run (the last: always)
+        if saves is not None and (it == self.params.iterations or not saves.busy()):
             Xd, Td = Session(engine, X, theta).factors_as_dask()
-            attrs = {**self.here, "metrics": metrics}
-            self.checkpointer.save(it, {"user_factors": Xd, "item_factors": Td}, attrs,
-                                   engine.watch.compute)  # fmt: skip
-            state.restore = it
+            saves.start(it, {"user_factors": Xd, "item_factors": Td},
+                             {**self.here, "metrics": metrics})  # fmt: skip
         state.done, state.metrics = it, metrics
         for callback in self.callbacks:
             callback(record)
@@ -590,7 +611,7 @@ class _Run:
         X_new = self.engine.submit_half_step("x", theta, it, previous=X)
         return X_new, self.engine.submit_half_step("theta", X_new, it, previous=theta)
 
-    def _wait(self, factor: Factor, side: str, it: int, state: _State) -> Factor:
+    def _wait(self, factor: Factor, side: str, it: int) -> Factor:
         """Wait for a half-step; NumericalError if the task that solved a piece found NaN or
         inf in it (checked there, before anything is scored or checkpointed)."""
         try:
@@ -606,9 +627,10 @@ class _Run:
                 else "try a larger regularization (model.regularization), or check the "
                 "input for extreme ratings"
             )
+            restore = self.saves.settle() if self.saves is not None else None
             kept = (
-                f"; the last good checkpoint (iteration {state.restore}) is kept"
-                if self.checkpointer is not None and state.restore is not None
+                f"; the last good checkpoint (iteration {restore}) is kept"
+                if restore is not None
                 else ""
             )
             raise NumericalError(
