@@ -4,7 +4,8 @@
   "bands", "generate", "transpose", "update X", "train", ...); `total` is None when unknown.
 * ``Log(line)``: one human-readable line.
 * ``IterationCallback(record)``: the metrics record of a finished ALS iteration (a dict:
-  iteration, seconds, x_seconds, theta_seconds, train_rmse, test_rmse, elapsed).
+  iteration, seconds, x_seconds, theta_seconds, elapsed, and train_rmse and test_rmse, or
+  an implicit model's loss).
   `x_seconds` runs from the end of the previous half-step (or the iteration's submission)
   to the end of update X, `theta_seconds` from there to the end of update Theta, as the
   workers saw them (their clocks); `seconds` is their sum. Scoring and checkpointing

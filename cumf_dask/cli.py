@@ -1,9 +1,10 @@
 """The ``cumf-dask`` command: generate, ingest, info, plan, train, evaluate, recommend, bench.
 
 Exit codes a script can rely on: 0 success; 2 bad usage or config; 3 bad data, store or
-model file; 4 no plan fits, or a worker or this machine ran out of memory; 130 interrupted;
-143 terminated (SIGTERM, cleaned up as after a Ctrl-C); 1 anything else.
-``--json`` prints one JSON document on stdout and nothing else there (on failure
+model file (or an operating-system error no command worded); 4 no plan fits, or a worker
+or this machine ran out of memory; 130 interrupted; 143 terminated (SIGTERM, cleaned up as
+after a Ctrl-C); 1 anything else.
+``--json`` prints one JSON document on stdout and nothing else there (on any failure
 ``{"error": ..., "exit_code": ...}``); ``--quiet`` prints only errors. Both may come before
 or after the command. Progress bars and log lines go to stderr; bars only on a terminal.
 
@@ -14,6 +15,8 @@ they print in :mod:`.output`.
 from __future__ import annotations
 
 import argparse
+import atexit
+import logging
 import os
 import signal
 import sys
@@ -47,6 +50,8 @@ EXIT = {
     DeviceMemoryError: 4,
 }
 PRESETS = "netflix, yahoomusic, hugewiki, sparkals, factorbird, facebook"
+# Dask's loggers whose errors and warnings the commands replace with their own one line
+WORKER_LOGGERS = ("distributed.worker", "distributed.worker.state_machine")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -176,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("model", help=model_help)
     e.add_argument("store", nargs="?", help="store to evaluate on (default: the model's "
                    "training store, whose held-out ratings are the test set)")  # fmt: skip
-    e.add_argument("-k", type=int, default=10, help="length of the ranked lists (@k)")
+    e.add_argument("-k", type=int, help=f"length of the ranked lists (@k; default: {c.K})")
     e.add_argument("--threshold", type=float, help="held-out ratings >= this are relevant "
                    "(explicit models; implicit: every positive count)")  # fmt: skip
     e.add_argument("--users", type=int, help=f"users sampled for ranking (default: "
@@ -241,7 +246,63 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, before)
 
 
+@contextmanager
+def _dask_logs(quiet: bool) -> Iterator[None]:
+    """Dask workers' own error and warning logs off while a command runs (all of Dask's
+    below errors with --quiet), in this process and in the worker processes it starts.
+
+    The engine turns a task's failure into the command's one error line; the worker's
+    "Compute Failed" traceback, or its CancelledError lines after a Ctrl-C, only buried it.
+    Worker processes read DASK_LOGGING when they start; one the user set is kept.
+    """
+    levels = {name: logging.CRITICAL for name in WORKER_LOGGERS}
+    if quiet:
+        levels["distributed"] = logging.ERROR
+    loggers = {name: logging.getLogger(name) for name in levels}
+    before = {name: logger.level for name, logger in loggers.items()}
+    env = {} if any(k.startswith("DASK_LOGGING") for k in os.environ) else {
+        "DASK_LOGGING": repr({name: logging.getLevelName(level) for name, level in levels.items()})
+    }  # fmt: skip
+    os.environ.update(env)
+    for name, logger in loggers.items():
+        logger.setLevel(levels[name])
+    try:
+        yield
+    finally:
+        for name, logger in loggers.items():
+            logger.setLevel(before[name])
+        for key in env:
+            os.environ.pop(key, None)
+
+
+def _os_error(exc: OSError, command: str) -> str:
+    """An operating-system error no command worded itself (theirs are CumfErrors): the path
+    and the reason, in one line."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return (f"{where}{reason} during `{command}`; check that path (its permissions, and the "
+            "free space on its disk), then run the command again")  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line `argv` (default: this process's own) and return its exit code.
+
+    Run as the process's own command, a Ctrl-C once the command is done and reported ends
+    the process with the command's exit code: while the interpreter exits (Dask's threads
+    and atexit handlers, then its modules) it turned a finished run's exit 0 into 130.
+    """
+    own = argv is None and threading.current_thread() is threading.main_thread()
+    if own:  # registered before Dask's atexit handlers, so run after them: the last step
+        atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+    code = _main(argv)
+    if own:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, lambda signum, frame: os._exit(code))
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         parser = build_parser()
     except KeyboardInterrupt:  # while the commands' libraries were being imported
@@ -249,13 +310,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         Output(False, "--json" in words).error("interrupted", 130)
         return 130
     args = parser.parse_args(argv)
-    if args.quiet:  # also the libraries' warnings and Dask's logs, in worker processes too
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # train's advice repeats it
+    if args.quiet:  # also the libraries' warnings, in worker processes too
         warnings.simplefilter("ignore")
         os.environ.setdefault("PYTHONWARNINGS", "ignore")
-        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
     out = Output(args.quiet, args.json)
     try:
-        with _sigterm_as_interrupt(), _warnings_as_log_lines(out):
+        with _sigterm_as_interrupt(), _warnings_as_log_lines(out), _dask_logs(args.quiet):
             args.func(args, out)
     except CumfError as exc:
         code = next((code for kind, code in EXIT.items() if isinstance(exc, kind)), 1)
@@ -271,6 +332,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 143 if isinstance(exc, Terminated) else 130
         out.error("terminated (SIGTERM)" if code == 143 else "interrupted", code)
         return code
+    except OSError as exc:
+        out.error(_os_error(exc, args.command), 3)
+        return 3
+    except Exception as exc:  # a bug: its traceback follows, and --json still gets its document
+        if out.as_json:
+            out.error(f"{type(exc).__name__}: {exc}", 1)
+        raise
     return 0
 
 

@@ -6,10 +6,12 @@ built in :mod:`.output`. Heavy imports happen inside the commands, so ``--help``
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import runpy
+import shlex
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 # rounded stars) f = 64 scored test RMSE 0.894 with 0.1, 0.924 with 0.05, 1.055 with 0.02.
 OWN_DATA = {"factors": 64, "regularization": 0.1, "iterations": 10}
 USERS = 10_000  # evaluate: users sampled for the ranking metrics of an explicit model
+K = 10  # evaluate: length of the ranked lists
 
 
 def cmd_generate(args: argparse.Namespace, out: Output) -> None:
@@ -82,6 +85,14 @@ def cmd_info(args: argparse.Namespace, out: Output) -> None:
         with out.progress() as progress:
             verified = verify_store(store, progress)
     report_store(store, out, verified)
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    """The command line that ran this train, with --resume: the advice after a failure
+    repeats the user's own arguments (--store, --set), not a CONFIG they may not have."""
+    words = getattr(args, "argv", None)
+    words = sys.argv[1:] if words is None else words
+    return shlex.join(["cumf-dask", *(w for w in words if w != "--resume"), "--resume"])
 
 
 def run_name(url: str) -> str:
@@ -156,13 +167,15 @@ def cmd_train(args: argparse.Namespace, out: Output) -> None:
 
     with out.progress() as progress:
         result = train(config, resume=args.resume, force=args.force, on_iteration=line,
-                       progress=progress, log=out.log)  # fmt: skip
+                       progress=progress, log=out.log, command=resume_command(args))  # fmt: skip
     summary = result.summary
 
     def human() -> None:
         also = f" (also {summary['latest']})" if summary["latest"] else ""
         print(f"model saved to {summary['model']}; run folder {summary['run']}{also}")
         text = rmse_line(summary)
+        if text is None and summary.get("loss") is not None:  # an implicit model's
+            text = f"final loss {summary['loss']:.6g}"
         if text:
             print(text)
 
@@ -174,14 +187,13 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
     from .model import ALS
     from .records import model_path
 
+    ranked = {"-k": args.k, "--threshold": args.threshold, "--users": args.users}
+    args.k = K if args.k is None else args.k
     _check_k(args.k)
     if args.users is not None and args.users < 1:
         raise ConfigError(f"--users must be at least 1, got {args.users}")
     model = ALS.load(model_path(args.model))
-    url = args.store or model.store_url_
-    if not url:
-        raise ConfigError(f"{args.model} names no training store: give the store to evaluate on")
-    store = model._matching(url)
+    store = _evaluated_store(args, model)
     if args.k > model.shape_[1]:
         out.log(f"k={args.k} is more than the {model.shape_[1]:,} items: ranking metrics at "
                 f"k={model.shape_[1]:,}")  # fmt: skip
@@ -192,6 +204,8 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
         if store.has_test:
             ranking = ranking_metrics(model, store, k=args.k, threshold=args.threshold,
                                       max_users=args.users or USERS)  # fmt: skip
+        else:
+            _no_held_out(store, [k for k, v in ranked.items() if v is not None], out)
         result = {"train_rmse": model.rmse(store, kind="train")}
         if store.has_test:
             result["test_rmse"] = model.rmse(store, kind="test")
@@ -204,6 +218,31 @@ def cmd_evaluate(args: argparse.Namespace, out: Output) -> None:
                   else f"{key:<{width}}{value}")  # fmt: skip
 
     out.result(result, human)
+
+
+def _evaluated_store(args: argparse.Namespace, model: Any) -> Any:
+    """The store given after the model, else the model's training store: one that moved or
+    was deleted since is named as the model's, with the way to give another."""
+    if args.store:
+        return model._matching(args.store)
+    if not model.store_url_:
+        raise ConfigError(f"{args.model} names no training store: give the store to evaluate on")
+    fix = "give the store to evaluate on after the model: cumf-dask evaluate MODEL STORE"
+    return model._matching(model._open_training_store(model.store_url_, fix))
+
+
+def _no_held_out(store: Any, options: list[str], out: Output) -> None:
+    """A store without held-out ratings gives the training RMSE only: said in one line, and
+    refused (ConfigError) where ranking options ask for what it cannot give."""
+    build = "build one with --test-fraction, or data.test_fraction in a config"
+    if options:
+        raise ConfigError(
+            f"{store.url} has no held-out ratings, so {', '.join(options)} have nothing to "
+            "rank: leave them out for the training RMSE alone, or give a store with held-out "
+            f"ratings after the model ({build})"
+        )
+    out.log(f"{store.url} has no held-out ratings: only the training RMSE (a store with "
+            f"held-out ratings also gives the test RMSE and ranking metrics: {build})")  # fmt: skip
 
 
 def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
@@ -234,11 +273,11 @@ def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
             if store is not None
             else f"k={args.k}: the model has only {n:,} items; recommending all of them"
         )
-    result = {"user": args.user, "items": items[0][found].tolist(),
+    result = {"user": user, "items": items[0][found].tolist(),  # the id as the model holds it
               "scores": scores[0][found].tolist()}  # fmt: skip
 
     def human() -> None:
-        print(recommend_table(args.user, result["items"], result["scores"]))
+        print(recommend_table(user, result["items"], result["scores"]))
 
     out.result(result, human)
 
@@ -290,7 +329,14 @@ def cmd_bench(args: argparse.Namespace, out: Output) -> None:
     """Run benchmarks/bench_<name>.py with the remaining arguments (it prints for itself).
 
     The benchmarks are scripts of a source checkout, not part of the installed package.
+    ``--json`` is refused (their output is their own text); ``--quiet`` drops their stdout.
     """
+    if out.as_json:
+        raise ConfigError(
+            "--json: bench scripts print their own text, not one JSON document; leave --json "
+            "out (benchmarks/report.py writes a benchmark's records as JSON to "
+            "benchmarks/results/)"
+        )
     root = Path(args.dir)
     if not root.is_dir():
         raise ConfigError(
@@ -305,4 +351,7 @@ def cmd_bench(args: argparse.Namespace, out: Output) -> None:
                           f"{', '.join(available) or 'none'}")  # fmt: skip
     sys.argv = [str(script), *args.args]
     sys.path.insert(0, str(root))  # as `python script.py` would: `from report import ...`
-    runpy.run_path(str(script), run_name="__main__")
+    with ExitStack() as stack:
+        if out.quiet:  # only errors: the script's own lines go nowhere
+            stack.enter_context(redirect_stdout(stack.enter_context(open(os.devnull, "w"))))
+        runpy.run_path(str(script), run_name="__main__")

@@ -39,7 +39,7 @@ from .data.formats import FORMATS
 from .data.hashing import SplitKind
 from .data.limits import SPLIT_SEED_BITS, check_seed
 from .errors import ConfigError
-from .paths import expand_home
+from .paths import expand_home, is_url
 
 Reduction = Literal["scatter", "two-phase", "one"]
 BackendName = Literal["auto", "numpy", "cupy"]
@@ -185,7 +185,7 @@ class OutputConfig:
 
     dir: str = "runs"  # a run folder <dir>/<name>-<timestamp> is made inside
     name: str = "run"
-    checkpoint: bool = True  # write X and Theta after each iteration (atomic)
+    checkpoint: bool = True  # write X and Theta while the fit runs (atomic; the last always)
 
 
 @dataclass
@@ -365,8 +365,20 @@ def _expand_home(config: Config) -> Config:
     """A leading ``~`` in the local folders the job writes, as a shell (and data.ingest.path's
     fsspec) would read it; otherwise a folder literally named ``~`` would be made."""
     config.data.store = expand_home(config.data.store)
-    config.output.dir = expand_home(config.output.dir)
+    config.output.dir = _runs_folder(config.output.dir)
     return config
+
+
+def _runs_folder(text: str) -> str:
+    """output.dir as a local folder (``~`` and ``file://`` read as local paths); a URL is
+    refused: run folders are renamed into place and linked, which object stores cannot do,
+    and ``s3://b/runs`` would otherwise name a local folder ``s3:/b/runs``."""
+    if is_url(text):
+        raise ConfigError(
+            f"output.dir: {text} is a URL, but run folders are written to a local or mounted "
+            "folder; give a local path (copy the run folder to the bucket afterwards)"
+        )
+    return expand_home(text.removeprefix("file://"))
 
 
 class _Loader(yaml.SafeLoader):

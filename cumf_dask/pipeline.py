@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
@@ -24,9 +25,9 @@ from .engine.cluster import (
     worker_addresses,
 )
 from .engine.plan import Plan, make_plan
-from .errors import ConfigError, IngestError, StoreError
+from .errors import ConfigError, CumfWarning, IngestError, StoreError
 from .model import ALS
-from .paths import check_writable, is_url, normalize_url
+from .paths import check_writable, is_url, local_path, normalize_url
 from .records import RunFolder, warm_plotting
 
 if TYPE_CHECKING:
@@ -294,6 +295,7 @@ def train(
     on_iteration: Callable[[dict[str, Any]], None] | None = None,
     progress: Progress | None = None,
     log: Log = print,
+    command: str | None = None,
 ) -> TrainResult:
     """Run a configured job end to end and write its run folder.
 
@@ -301,7 +303,9 @@ def train(
     machine when the cluster is local); a CPU job forecast over an hour is refused unless
     `force` (:mod:`.budget`). `on_iteration` gets each iteration's metrics record;
     `progress(stage, done, total)` the data stages, stage "train" (iterations done) and the
-    half-steps' batches ("update X", "update Theta"); `log` one-line messages.
+    half-steps' batches ("update X", "update Theta"); `log` one-line messages. `command`:
+    the command line that resumes this job, named in the advice after a failure (default:
+    ``train(config, resume=True)``).
     """
     if resume and not config.output.checkpoint:
         raise ConfigError("--resume needs output.checkpoint: true (this config turns "
@@ -311,23 +315,34 @@ def train(
     run = RunFolder.latest(config) if resume else None
     if resume and run is None:
         log(f"no earlier run of '{config.output.name}' with checkpoints: starting fresh")
-    with ExitStack() as stack:
-        if run is not None:  # one writer per run folder: a second resume fails at once
-            stack.enter_context(Checkpointer(run.checkpoints).locked())
-        if client is None and config.cluster.address is None:  # planned before it starts
-            planned = _planned(config, None, force, progress, log)
-            client = stack.enter_context(cluster_client(config.cluster, nnz=planned.plan.x.nnz))
-        else:
-            if client is None:
-                client = stack.enter_context(cluster_client(config.cluster))
-            planned = _planned(config, client, force, progress, log)
-        return _train(config, run, client, planned.store, on_iteration, progress, log)
+    result = None
+    try:
+        with ExitStack() as stack:
+            if run is not None:  # one writer per run folder: a second resume fails at once
+                stack.enter_context(Checkpointer(run.checkpoints).locked())
+            if client is None and config.cluster.address is None:  # planned before it starts
+                planned = _planned(config, None, force, progress, log)
+                nnz = planned.plan.x.nnz
+                client = stack.enter_context(cluster_client(config.cluster, nnz=nnz))
+            else:
+                if client is None:
+                    client = stack.enter_context(cluster_client(config.cluster))
+                planned = _planned(config, client, force, progress, log)
+            job = _Job(config, on_iteration, progress, log, command)
+            result = _train(job, run, client, planned.store)
+    except KeyboardInterrupt:
+        if result is None:
+            raise
+        # Ctrl-C while the cluster closed: the run itself finished and is recorded
+        log("interrupted while the cluster was closing; the run had finished and is saved")
+    return result
 
 
 def _check_outputs(config: Config) -> None:
     """Every location the job writes is writable (StoreError otherwise): the run folder, and
-    the store when it is to be built (not a complete one reused where it is)."""
-    check_writable(config.output.dir, "the run folder", folder=True)
+    the store when it is to be built (not a complete one reused where it is). Run folders
+    are local: an output.dir URL is refused (it would name a local folder ``s3:``)."""
+    check_writable(local_path(config.output.dir, "run folders"), "the run folder", folder=True)
     data = config.data
     built = not is_url(data.store) and (Path(normalize_url(data.store)) / "zarr.json").is_file()
     if data.source != "store" and (data.overwrite or not built):
@@ -347,24 +362,32 @@ def _planned(
     return planned
 
 
-def _after_save_error(config: Config) -> str:
-    """What to do after freeing space when the final model's save fails for a full disk."""
-    if config.output.checkpoint:
-        return "then run `cumf-dask train CONFIG --resume` (it saves it from the checkpoints)"
-    return "then train again"
+@dataclass
+class _Job:
+    """What train() was given that its steps share: the config, the callbacks, and the
+    command line that resumes the job (None: the Python call)."""
+
+    config: Config
+    on_iteration: Callable[[dict[str, Any]], None] | None
+    progress: Progress | None
+    log: Log
+    command: str | None
+
+    def after_error(self) -> str:
+        """What to do, once space is freed, after a full disk stopped the run: resume it
+        (the checkpoints and a saved model are kept), or train again without checkpoints."""
+        if not self.config.output.checkpoint:
+            return "then train again"
+        if self.command:
+            return f"then run the same command with --resume: `{self.command}`"
+        return "then run train(config, resume=True) (it goes on from the checkpoints)"
 
 
-def _train(
-    config: Config,
-    run: RunFolder | None,
-    client: Any,
-    store: RatingsStore | None,
-    on_iteration: Callable[[dict[str, Any]], None] | None,
-    progress: Progress | None,
-    log: Log,
-) -> TrainResult:
+def _train(job: _Job, run: RunFolder | None, client: Any, store: RatingsStore | None
+           ) -> TrainResult:  # fmt: skip
     """train() once the cluster is up: `store` is the one planned on (None: prepare it);
     `run` the run folder resumed (None: a new one)."""
+    config, progress, log = job.config, job.progress, job.log
     resume = run is not None
     if client.dashboard_link and config.cluster.dashboard_address is not None:
         log(f"Dask dashboard: {client.dashboard_link}")
@@ -372,45 +395,23 @@ def _train(
     if store is None:
         store = prepare_store(config, client, progress, log)
     run = run or RunFolder.create(config)
-    if not resume:  # a resumed run's record changes only once its fit succeeds
-        run.write_config(config)
     warm_plotting()  # the plot at the end does not wait for matplotlib's import
     started = time.perf_counter()
-    iterations = config.model.iterations
-
-    def record(metrics: dict[str, Any]) -> None:
-        run.append_metrics(metrics)
-        if on_iteration:
-            on_iteration(metrics)
-        if progress:
-            progress("train", metrics["iteration"], iterations)
-
-    model = make_model(
-        config, plan=config.plan, callbacks=[record], progress=progress,
-        checkpoint_dir=str(run.checkpoints) if config.output.checkpoint else None,
-    )  # fmt: skip
-    if progress:
-        progress("train", 0, iterations)
-    try:
-        model.fit(store, client=client, resume=resume)
-    except BaseException:
-        if not resume:  # a folder no iteration finished in is not left for --resume to find
-            run.discard_if_empty()
-        raise
-    if resume:
+    model = _fit(job, run, client, store, resume)
+    if resume:  # a resumed run's record changes only once its fit succeeds
         run.write_config(config)
+    run.write_metrics(model.metrics_)  # the fit's own list: no iteration lost, none twice
     run.write_plan(model.plan_)
     cleared = run.clear_damaged_model()
     if cleared:
         log(cleared)
-    model.save(run.model, after_error=_after_save_error(config))
-    latest = run.make_latest(config)
-    plot = run.plot(model.metrics_, f"{config.output.name}: {store.m:,} x {store.n:,}, "
-                                    f"f={config.model.factors}")  # fmt: skip
+    model.save(run.model, after_error=run.after_error)
+    plot = _plot(run, model.metrics_, f"{config.output.name}: {store.m:,} x {store.n:,}, "
+                                      f"f={config.model.factors}")  # fmt: skip
     last = model.metrics_[-1] if model.metrics_ else {}
     summary = {
         "run": str(run.path),
-        "latest": str(latest) if latest else None,
+        "latest": str(run.latest_link(config)),
         "store": store.url,
         "shape": [store.m, store.n],
         "nnz": store.nnz,
@@ -430,5 +431,54 @@ def _train(
         "plot": str(plot) if plot else None,
         "half_step_seconds": predicted_and_measured(model.plan_, model.metrics_),
     }  # fmt: skip
-    run.write_summary(summary)
+    run.write_summary(summary)  # before -latest moves: the run it names has its summary
+    if run.make_latest(config) is None:
+        summary["latest"] = None
+        run.write_summary(summary)
     return TrainResult(model, run, store, summary)
+
+
+def _fit(job: _Job, run: RunFolder, client: Any, store: RatingsStore, resume: bool) -> ALS:
+    """The fitted model, its iterations appended to metrics.jsonl as they end. A new run's
+    folder that no iteration finished in is removed when the fit (or writing its config)
+    fails, so --resume never finds it."""
+    config, progress, iterations = job.config, job.progress, job.config.model.iterations
+
+    def record(metrics: dict[str, Any]) -> None:
+        run.append_metrics(metrics)
+        if job.on_iteration:
+            job.on_iteration(metrics)
+        if progress:
+            progress("train", metrics["iteration"], iterations)
+
+    try:
+        if not resume:
+            run.write_config(config)  # a full disk now: "then run again", nothing to resume
+        run.after_error = job.after_error()
+        model = make_model(
+            config, plan=config.plan, callbacks=[record], progress=progress,
+            checkpoint_dir=str(run.checkpoints) if config.output.checkpoint else None,
+        )  # fmt: skip
+        if progress:
+            progress("train", 0, iterations)
+        model.fit(store, client=client, resume=resume)
+    except BaseException:
+        if not resume:
+            run.discard_if_empty()
+        raise
+    return model
+
+
+def _plot(run: RunFolder, metrics: list[dict[str, Any]], title: str) -> Path | None:
+    """The run's plot, or None with a CumfWarning when it cannot be written: the model is
+    saved by then, and the metrics are in metrics.jsonl, so a plot never fails a run."""
+    try:
+        return run.plot(metrics, title)
+    except OSError as exc:
+        warnings.warn(
+            f"{run.path}: the plot was not written ({exc.strerror or exc}); the model is "
+            "saved and every iteration's metrics are in metrics.jsonl",
+            CumfWarning,
+            stacklevel=2,
+        )
+        return None

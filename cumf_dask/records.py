@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 import warnings
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +28,31 @@ from .checkpoint import MODEL_FORMAT, interrupted_copies
 from .config import Config
 from .engine.plan import Plan
 from .errors import CumfWarning, StoreError
+from .paths import disk_full_as, local_path
 
 STAMP = r"-\d{8}-\d{6}(-\d+)?"  # a run folder's name: <output.name><STAMP>
+# the way on for a run stopped before its model was saved (the command is not known here)
+RESUME_ADVICE = ("a run that stopped before saving its model goes on from its checkpoints: "
+                 "run the command that started it again, with --resume")  # fmt: skip
 
 
 class RunFolder:
-    """``<output.dir>/<output.name>-<timestamp>/`` and what a training run writes into it."""
+    """``<output.dir>/<output.name>-<timestamp>/`` and what a training run writes into it.
 
-    def __init__(self, path: str | Path):
+    `after_error` ends the message of a full disk while the record is written: what to do
+    once space is freed (the training pipeline sets it to the command that resumes).
+    """
+
+    def __init__(self, path: str | Path, after_error: str = "then run again"):
         self.path = Path(path)
+        self.after_error = after_error
 
     @classmethod
     def create(cls, config: Config) -> RunFolder:
         """A new folder named by the time; ``-2``, ``-3``... for runs started in the same
         second (made with an exclusive mkdir: two runs never share one)."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        base = Path(config.output.dir) / f"{config.output.name}-{stamp}"
+        base = runs_dir(config) / f"{config.output.name}-{stamp}"
         path, n = base, 1
         while True:
             try:
@@ -62,12 +72,12 @@ class RunFolder:
     @staticmethod
     def latest_link(config: Config) -> Path:
         """``<output.dir>/<output.name>-latest``: the newest run folder of this config."""
-        return Path(config.output.dir) / f"{config.output.name}-latest"
+        return runs_dir(config) / f"{config.output.name}-latest"
 
     @classmethod
     def latest(cls, config: Config) -> RunFolder | None:
         """The newest run folder of this config's name that has checkpoints (for --resume)."""
-        found = newest_run(Path(config.output.dir), config.output.name)
+        found = newest_run(runs_dir(config), config.output.name)
         return cls(found) if found else None
 
     @property
@@ -86,26 +96,31 @@ class RunFolder:
             shutil.rmtree(self.path, ignore_errors=True)
 
     def write_config(self, config: Config) -> None:
-        (self.path / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        self._write("config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
 
     def write_plan(self, plan: Plan) -> None:
-        (self.path / "plan.txt").write_text(plan.table() + "\n")
-        text = json.dumps(plan.to_dict(), indent=1, allow_nan=False)  # strict JSON
-        (self.path / "plan.json").write_text(text)
+        self._write("plan.txt", plan.table() + "\n")
+        self._write("plan.json", json.dumps(plan.to_dict(), indent=1, allow_nan=False))
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        """Add an iteration's line; lines of that iteration or later (left by a run that
-        went on past the checkpoint it is resumed from) are dropped first."""
+        """Add an iteration's line while the fit runs (progress to watch); lines of that
+        iteration or later (left by a run that went on past the checkpoint it is resumed
+        from) are dropped first. :meth:`write_metrics` puts the fit's own list in at the end."""
         path = self.path / "metrics.jsonl"
-        lines = path.read_text().splitlines() if path.exists() else []
-        kept = [line for line in lines if _iteration(line) < record["iteration"]]
-        if len(kept) == len(lines):
-            with open(path, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
-            return
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in [*kept, json.dumps(record)]))
-        os.replace(tmp, path)
+        with self._recording(path.name):
+            lines = path.read_text().splitlines() if path.exists() else []
+            kept = [line for line in lines if _iteration(line) < record["iteration"]]
+            if len(kept) == len(lines):
+                with open(path, "a") as fh:
+                    fh.write(json.dumps(record) + "\n")
+                return
+        self._write(path.name, "".join(f"{line}\n" for line in [*kept, json.dumps(record)]))
+
+    def write_metrics(self, metrics: list[dict[str, Any]]) -> None:
+        """metrics.jsonl as the fitted model holds them, one line per iteration: iterations
+        whose line was lost (a Ctrl-C or a failure between a checkpoint and its line, then
+        --resume from that checkpoint) are back, in order."""
+        self._write("metrics.jsonl", "".join(json.dumps(r) + "\n" for r in metrics))
 
     def clear_damaged_model(self) -> str | None:
         """Remove a model.zarr that is not a complete model (a save cut short, or damaged
@@ -123,11 +138,37 @@ class RunFolder:
         return f"removed the incomplete or damaged {self.model}; it is written again"
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        (self.path / "summary.json").write_text(json.dumps(summary, indent=1))
+        self._write("summary.json", json.dumps(summary, indent=1))
 
     def plot(self, metrics: list[dict[str, Any]], title: str = "") -> Path | None:
-        """rmse.png: train/test RMSE against iteration and against time."""
-        return plot_rmse(metrics, self.path / "rmse.png", title)
+        """rmse.png: train/test RMSE against iteration and against time (loss.png, the
+        loss, for an implicit model's metrics); None if there is nothing to plot."""
+        loss = bool(metrics) and "train_rmse" not in metrics[0] and "loss" in metrics[0]
+        return plot_rmse(metrics, self.path / ("loss.png" if loss else "rmse.png"), title)
+
+    def _write(self, name: str, text: str) -> None:
+        """Write one file of the run record whole: a temporary file renamed over it, so a
+        reader (or a failure midway) never sees half of it."""
+        path = self.path / name
+        tmp = path.with_name(f".{name}-{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            with self._recording(name):
+                tmp.write_text(text)
+                os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _recording(self, name: str) -> AbstractContextManager[None]:
+        """A full disk while writing `name` of the run record: one StoreError naming the
+        run folder, its free space and `after_error`."""
+        return disk_full_as(self.path, f"the run record ({name})",
+                            f"free some space there, {self.after_error}")  # fmt: skip
+
+
+def runs_dir(config: Config) -> Path:
+    """``output.dir``: a local folder (``file://`` read as one; a URL refused, since run
+    folders are renamed into place and linked, which object stores cannot do)."""
+    return Path(local_path(config.output.dir, "run folders"))
 
 
 def newest_run(root: Path, name: str) -> Path | None:
@@ -197,15 +238,16 @@ def model_path(path: str | Path) -> str:
         if interrupted_copies(inside):  # its save was interrupted: opening it says so
             return str(inside)
         if (folder / "config.yaml").is_file():
+            way_on = (f"; {RESUME_ADVICE}" if (folder / "checkpoints" / "LATEST").is_file()
+                      else ": give another run, or train again")  # fmt: skip
             raise StoreError(
                 f"{path} is a run folder without a saved model (the run failed, or is still "
-                "running): give another run, or train again"
+                f"running){way_on}"
             )
         if (folder / "LATEST").is_file():
             raise StoreError(
                 f"{path} is a run's checkpoints folder, not a model: give the run folder "
-                f"({folder.parent}) once its model is saved; a run that stopped before saving "
-                "it goes on from its checkpoints with `cumf-dask train CONFIG --resume`"
+                f"({folder.parent}) once its model is saved; {RESUME_ADVICE}"
             )
     return str(path)
 
@@ -227,12 +269,18 @@ def warm_plotting() -> threading.Thread:
 
 
 def plot_rmse(metrics: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:
-    """Two panels, RMSE by iteration and by training seconds; None if there is nothing to plot.
+    """Two panels, RMSE by iteration and by training seconds (the loss where the metrics
+    have no RMSE: an implicit model's); None if there is nothing to plot.
 
     Training seconds add up the iterations' own times, so a resumed run's curve continues
-    where the checkpoint left it (``elapsed`` restarts with each process).
+    where the checkpoint left it (``elapsed`` restarts with each process). A plot that
+    cannot be written leaves no part of it behind.
     """
-    if not metrics or "train_rmse" not in metrics[0]:
+    first = metrics[0] if metrics else {}
+    keys = [k for k in ("train_rmse", "test_rmse") if k in first]
+    if not keys and "loss" in first:
+        keys = ["loss"]
+    if not keys:
         return None
     import matplotlib
 
@@ -243,16 +291,20 @@ def plot_rmse(metrics: list[dict[str, Any]], path: Path, title: str = "") -> Pat
     secs = list(itertools.accumulate(r["seconds"] for r in metrics))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     for ax, xs, label in ((axes[0], its, "iteration"), (axes[1], secs, "training seconds")):
-        for key, style in (("train_rmse", "o-"), ("test_rmse", "s--")):
-            if key in metrics[0]:
-                ax.plot(xs, [r[key] for r in metrics], style, label=key.replace("_", " "))
+        for key, style in zip(keys, ("o-", "s--"), strict=False):
+            ax.plot(xs, [r[key] for r in metrics], style, label=key.replace("_", " "))
         ax.set_xlabel(label)
-        ax.set_ylabel("RMSE")
+        ax.set_ylabel("loss" if keys == ["loss"] else "RMSE")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title or "cumf-dask training")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=100)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
     return path
 
 

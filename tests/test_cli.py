@@ -683,3 +683,246 @@ def test_a_fit_failing_before_its_first_iteration_leaves_no_run_folder(
     with pytest.raises(StoreError, match="broke at once"):
         train(config, client=clients(1), log=lambda _: None)
     assert list(tmp_path.iterdir()) == []
+
+
+WRITE_TEXT = Path.write_text
+
+
+def full_disk(*names: str):
+    """A Path.write_text that fails with a full disk for files whose name holds one of
+    `names` (a temporary file beside them too)."""
+    import errno
+
+    def write_text(self, *args, **kwargs):
+        if any(name in self.name for name in names):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return WRITE_TEXT(self, *args, **kwargs)
+
+    return write_text
+
+
+def test_a_full_disk_while_recording_a_run_is_one_error(flow, work, run_cli, monkeypatch):
+    """config.yaml at the start: one line and --json's document, exit 3, no folder left.
+    The plan after the fit: the same, and the advice repeats the command (--store, --set:
+    there is no CONFIG to name) with --resume, which then saves the model."""
+    monkeypatch.setattr(Path, "write_text", full_disk("config.yaml"))
+    out, err = run_cli("--json", "train", "tiny.yaml", "--set", "output.name=full", code=3)
+    error = json.loads(out)
+    assert error["exit_code"] == 3 and "Traceback" not in err
+    assert "disk full while writing the run record (config.yaml)" in error["error"]
+    assert not list((work / "runs").glob("full*"))
+    monkeypatch.setattr(Path, "write_text", full_disk("plan.txt"))
+    args = ["train", "--store", "data/ratings.zarr", "--set", "model.iterations=1", "--set",
+            "output.name=full", "--set", "cluster.dashboard_address=null"]  # fmt: skip
+    _, err = run_cli(*args, code=3)
+    assert ("disk full while writing the run record (plan.txt)" in err
+            and "free some space there, then run the same command with --resume: `cumf-dask "
+            f"{' '.join(args)} --resume`" in err)  # fmt: skip
+    monkeypatch.undo()
+    monkeypatch.chdir(work)
+    run_cli(*args, "--resume", "--quiet")
+    assert (work / "runs" / "full-latest" / "model.zarr").is_dir()
+
+
+def test_a_plot_that_cannot_be_written_is_a_warning(flow, work, run_cli, monkeypatch):
+    """The model is saved by then: a full disk at the plot is a warning and "plot": null."""
+    import errno
+
+    from matplotlib.figure import Figure
+
+    def full(self, path, *args, **kwargs):
+        Path(path).write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    out, err = run_cli("--json", "train", "tiny.yaml", "--set", "output.name=noplot")
+    summary = json.loads(out)
+    assert summary["plot"] is None and summary["latest"] == "runs/noplot-latest"
+    assert "warning:" in err and "the plot was not written (No space left on device)" in err
+    run = work / summary["run"]
+    assert not (run / "rmse.png").exists() and (run / "summary.json").is_file()
+
+
+def test_metrics_jsonl_is_rewritten_from_the_fits_own_list(flow, work, tmp_path, monkeypatch,
+                                                           clients):  # fmt: skip
+    """An iteration whose line was lost (a Ctrl-C between its checkpoint and its line, then
+    --resume from that checkpoint) is back once the fit succeeds."""
+    from cumf_dask.config import load_config
+    from cumf_dask.pipeline import train
+    from cumf_dask.records import RunFolder
+
+    real = RunFolder.append_metrics
+    monkeypatch.setattr(RunFolder, "append_metrics",
+                        lambda self, r: None if r["iteration"] == 2 else real(self, r))  # fmt: skip
+    config = load_config(overrides=[f"output.dir={tmp_path}", "model.iterations=3",
+                                    "model.factors=2"],
+                         data={"data": {"source": "store",
+                                        "store": str(work / "data" / "ratings.zarr")}})  # fmt: skip
+    result = train(config, client=clients(1), log=lambda _: None)
+    lines = (result.run.path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines] == [1, 2, 3]
+    assert [json.loads(line) for line in lines] == result.model.metrics_
+
+
+def test_a_ctrl_c_while_the_cluster_closes_after_the_run_is_not_a_failure(
+    flow, work, tmp_path, monkeypatch, clients
+):
+    from cumf_dask.config import load_config
+    from cumf_dask.pipeline import train
+
+    @contextlib.contextmanager
+    def interrupted_on_close(*args, **kwargs):
+        yield clients(1)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("cumf_dask.pipeline.cluster_client", interrupted_on_close)
+    config = load_config(overrides=[f"output.dir={tmp_path}", "model.iterations=1",
+                                    "model.factors=2", "cluster.n_workers=1"],
+                         data={"data": {"source": "store",
+                                        "store": str(work / "data" / "ratings.zarr")}})  # fmt: skip
+    logs: list[str] = []
+    try:
+        result = train(config, log=logs.append)
+    except KeyboardInterrupt:  # not raised on: it would stop the whole test session
+        pytest.fail("a Ctrl-C while the cluster closed failed a run that was recorded")
+    assert (result.run.path / "summary.json").is_file() and result.summary["latest"]
+    assert "interrupted while the cluster was closing; the run had finished" in logs[-1]
+
+
+def test_dask_worker_logs_are_off_while_a_command_runs(run_cli, monkeypatch):
+    """A worker's "Compute Failed" traceback or CancelledError lines would bury the command's
+    one line: off in this process (workers that are threads) and for worker processes
+    (DASK_LOGGING), and put back after."""
+    import logging
+
+    monkeypatch.delenv("DASK_LOGGING", raising=False)
+    seen = {}
+
+    def spy(args, out):
+        seen["level"] = logging.getLogger("distributed.worker.state_machine").getEffectiveLevel()
+        seen["env"] = os.environ.get("DASK_LOGGING", "")
+
+    monkeypatch.setattr("cumf_dask.commands.cmd_info", spy)
+    before = logging.getLogger("distributed.worker").level
+    run_cli("info", "x.zarr")
+    assert seen["level"] == logging.CRITICAL and "'distributed.worker': 'CRITICAL'" in seen["env"]
+    assert logging.getLogger("distributed.worker").level == before
+    assert "DASK_LOGGING" not in os.environ
+
+
+def test_any_error_under_json_is_its_document(run_cli, monkeypatch, capsys):
+    """An OSError no command worded: one line, exit 3; any other error (a bug) keeps its
+    traceback, but --json still prints the error document."""
+    import errno
+
+    def denied(args, out):
+        raise OSError(errno.EACCES, "Permission denied", "/x/y.zarr")
+
+    monkeypatch.setattr("cumf_dask.commands.cmd_info", denied)
+    out, err = run_cli("--json", "info", "y.zarr", code=3)
+    assert json.loads(out)["error"].startswith("/x/y.zarr: Permission denied during `info`; ")
+    assert "Traceback" not in err
+
+    def bug(args, out):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("cumf_dask.commands.cmd_info", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["--json", "info", "y.zarr"])
+    assert json.loads(capsys.readouterr().out) == {"error": "RuntimeError: a bug", "exit_code": 1}
+
+
+def test_evaluate_without_held_out_ratings_says_so(flow, work, run_cli, clients):
+    """Only the training RMSE, said in one line; ranking options asked for are refused."""
+    from cumf_dask.model import ALS
+
+    run_cli("ingest", "ratings.csv", "-o", "data/no-test.zarr", "--test-fraction", "0")
+    model = ALS(2, 0.1, 1, backend="numpy")
+    model.fit(str(work / "data" / "no-test.zarr"), client=clients(1)).save(work / "nt.zarr")
+    out, err = run_cli("evaluate", "nt.zarr", "--json")
+    assert set(json.loads(out)) == {"train_rmse"}
+    assert "has no held-out ratings: only the training RMSE (a store with held-out" in err
+    for option, value in (("--threshold", "3"), ("-k", "5"), ("--users", "5")):
+        _, err = run_cli("evaluate", "nt.zarr", option, value, code=2)
+        assert f"has no held-out ratings, so {option} have nothing to rank" in err
+
+
+def test_evaluate_names_the_models_store_when_it_is_gone(flow, work, run_cli):
+    from cumf_dask.model import ALS
+
+    model = ALS.load(flow["run"] / "model.zarr")
+    model.store_url_ = str(work / "data" / "gone.zarr")
+    model.save(work / "store-gone.zarr")
+    _, err = run_cli("evaluate", "store-gone.zarr", code=3)
+    assert "the model's training store cannot be opened" in err
+    assert "give the store to evaluate on after the model: cumf-dask evaluate MODEL STORE" in err
+
+
+def test_recommend_reports_the_user_id_as_the_model_holds_it(work, run_cli, clients):
+    from cumf_dask.model import ALS
+
+    run_cli("generate", "--m", "20", "--n", "10", "--nnz", "100", "-o", "data/ints.zarr")
+    model = ALS(2, 0.1, 1, backend="numpy")
+    model.fit(str(work / "data" / "ints.zarr"), client=clients(1)).save(work / "ints.zarr")
+    out, _ = run_cli("recommend", "ints.zarr", "--user", "007", "-k", "2", "--json")
+    assert json.loads(out)["user"] == 7
+    assert "top 2 for user 7" in run_cli("recommend", "ints.zarr", "--user", "007", "-k", "2")[0]
+
+
+def test_bench_refuses_json_and_is_silent_when_quiet(tmp_path, run_cli, monkeypatch):
+    (tmp_path / "bench_hello.py").write_text("print('hello from the bench')\n")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    out, _ = run_cli("--json", "bench", "--dir", str(tmp_path), "hello", code=2)
+    assert "bench scripts print their own text" in json.loads(out)["error"]
+    assert run_cli("-q", "bench", "--dir", str(tmp_path), "hello") == ("", "")
+    assert run_cli("bench", "--dir", str(tmp_path), "hello")[0] == "hello from the bench\n"
+
+
+def test_an_implicit_run_plots_and_prints_its_loss(flow, work, run_cli):
+    out, _ = run_cli("train", "tiny.yaml", "--set", "model.kind=implicit", "--set",
+                     "output.name=imp", "--set", "model.iterations=2")  # fmt: skip
+    assert re.search(r"^final loss \d", out, re.MULTILINE)
+    summary = json.loads((work / "runs" / "imp-latest" / "summary.json").read_text())
+    assert summary["plot"].endswith("loss.png")
+    assert (work / "runs" / "imp-latest" / "loss.png").read_bytes().startswith(PNG)
+
+
+def test_a_run_folder_with_checkpoints_but_no_model_names_resume(tmp_path):
+    from cumf_dask.records import model_path
+
+    run = tmp_path / "x-20261124-000000"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("{}\n")
+    (run / "checkpoints" / "LATEST").write_text("iter-00001\n")
+    with pytest.raises(StoreError, match=r"without a saved model .*goes on from its "
+                       "checkpoints: run the command that started it again, with --resume"):
+        model_path(run)
+    with pytest.raises(StoreError, match=r"checkpoints folder, not a model: .*with --resume$"):
+        model_path(run / "checkpoints")
+
+
+def test_a_ctrl_c_while_the_process_exits_keeps_the_commands_exit_code(tmp_path):
+    """The command done and reported, a Ctrl-C while the interpreter exits (joining Dask's
+    threads, its atexit handlers, then its modules: the signal killed the process, exit
+    130) leaves the command's own exit code and prints nothing."""
+    code = """
+import atexit, os, signal, sys, threading, time
+from cumf_dask import cli, commands
+
+def ctrl_c():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.1)
+
+def late_ctrl_c():  # while the interpreter waits for this thread
+    time.sleep(1.0)
+    ctrl_c()
+
+atexit.register(ctrl_c)  # registered first: the last atexit handler
+commands.cmd_info = lambda args, out: threading.Thread(target=late_ctrl_c).start()
+sys.argv = ["cumf-dask", "info", "x.zarr"]
+sys.exit(cli.main())
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr == ""

@@ -131,6 +131,17 @@ def test_home_is_expanded_in_the_folders_a_job_writes(tmp_path, monkeypatch):
     assert normalize_url("memory://~/x") == "memory://~/x"  # a URL as it is
 
 
+def test_an_output_dir_url_is_refused_and_a_file_url_is_a_local_folder(tmp_path):
+    """Run folders are renamed and linked locally: s3://b/runs would silently be written to
+    a local folder named 's3:'; file:///x is the folder /x, not ./file:/x."""
+    for url in ("s3://bucket/runs", "memory://runs"):
+        with pytest.raises(ConfigError, match=rf"output\.dir: {re.escape(url)} is a URL, but run "
+                           "folders are written to a local or mounted folder; give a local path"):
+            load_config(overrides=[f"output.dir={url}"])
+    config = load_config(overrides=[f"output.dir=file://{tmp_path}/runs"])
+    assert config.output.dir == f"{tmp_path}/runs"
+
+
 @pytest.mark.parametrize(
     ("address", "message"),
     [("localhost", "missing port"), ("foo://bar:1", "unknown address scheme")],
