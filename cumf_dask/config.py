@@ -39,7 +39,7 @@ from .data.formats import FORMATS
 from .data.hashing import SplitKind
 from .data.limits import SPLIT_SEED_BITS, check_seed
 from .errors import ConfigError
-from .paths import expand_home, is_url
+from .paths import expand_home, is_url, normalize_url
 
 Reduction = Literal["scatter", "two-phase", "one"]
 BackendName = Literal["auto", "numpy", "cupy"]
@@ -373,12 +373,13 @@ def _runs_folder(text: str) -> str:
     """output.dir as a local folder (``~`` and ``file://`` read as local paths); a URL is
     refused: run folders are renamed into place and linked, which object stores cannot do,
     and ``s3://b/runs`` would otherwise name a local folder ``s3:/b/runs``."""
-    if is_url(text):
+    local = normalize_url(text)
+    if is_url(local):
         raise ConfigError(
             f"output.dir: {text} is a URL, but run folders are written to a local or mounted "
             "folder; give a local path (copy the run folder to the bucket afterwards)"
         )
-    return expand_home(text.removeprefix("file://"))
+    return local
 
 
 class _Loader(yaml.SafeLoader):

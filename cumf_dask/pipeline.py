@@ -27,8 +27,8 @@ from .engine.cluster import (
 from .engine.plan import Plan, make_plan
 from .errors import ConfigError, CumfWarning, IngestError, StoreError
 from .model import ALS
-from .paths import check_writable, is_url, local_path, normalize_url
-from .records import RunFolder, warm_plotting
+from .paths import check_writable, is_url, normalize_url
+from .records import RunFolder, runs_dir, warm_plotting
 
 if TYPE_CHECKING:
     from .data import ingest
@@ -342,7 +342,7 @@ def _check_outputs(config: Config) -> None:
     """Every location the job writes is writable (StoreError otherwise): the run folder, and
     the store when it is to be built (not a complete one reused where it is). Run folders
     are local: an output.dir URL is refused (it would name a local folder ``s3:``)."""
-    check_writable(local_path(config.output.dir, "run folders"), "the run folder", folder=True)
+    check_writable(runs_dir(config), "the run folder", folder=True)
     data = config.data
     built = not is_url(data.store) and (Path(normalize_url(data.store)) / "zarr.json").is_file()
     if data.source != "store" and (data.overwrite or not built):

@@ -143,8 +143,8 @@ class RunFolder:
     def plot(self, metrics: list[dict[str, Any]], title: str = "") -> Path | None:
         """rmse.png: train/test RMSE against iteration and against time (loss.png, the
         loss, for an implicit model's metrics); None if there is nothing to plot."""
-        loss = bool(metrics) and "train_rmse" not in metrics[0] and "loss" in metrics[0]
-        return plot_rmse(metrics, self.path / ("loss.png" if loss else "rmse.png"), title)
+        name = "loss.png" if _plotted(metrics) == ["loss"] else "rmse.png"
+        return plot_rmse(metrics, self.path / name, title)
 
     def _write(self, name: str, text: str) -> None:
         """Write one file of the run record whole: a temporary file renamed over it, so a
@@ -268,6 +268,13 @@ def warm_plotting() -> threading.Thread:
     return thread
 
 
+def _plotted(metrics: list[dict[str, Any]]) -> list[str]:
+    """The metrics' keys a plot draws: the RMSEs, else an implicit model's loss."""
+    first = metrics[0] if metrics else {}
+    keys = [k for k in ("train_rmse", "test_rmse") if k in first]
+    return keys or (["loss"] if "loss" in first else [])
+
+
 def plot_rmse(metrics: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:
     """Two panels, RMSE by iteration and by training seconds (the loss where the metrics
     have no RMSE: an implicit model's); None if there is nothing to plot.
@@ -276,10 +283,7 @@ def plot_rmse(metrics: list[dict[str, Any]], path: Path, title: str = "") -> Pat
     where the checkpoint left it (``elapsed`` restarts with each process). A plot that
     cannot be written leaves no part of it behind.
     """
-    first = metrics[0] if metrics else {}
-    keys = [k for k in ("train_rmse", "test_rmse") if k in first]
-    if not keys and "loss" in first:
-        keys = ["loss"]
+    keys = _plotted(metrics)
     if not keys:
         return None
     import matplotlib

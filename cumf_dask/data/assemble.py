@@ -16,8 +16,8 @@ import math
 from typing import TYPE_CHECKING
 
 from ..blocks import Bands, BandSlice
-from .integrity import check_band, check_ptr
-from .shards import HOST, Expect, Target
+from .integrity import check_ptr, entry_requests, ptr_request
+from .shards import HOST, Target
 
 if TYPE_CHECKING:
     from .store import Orientation, RatingsStore, Split
@@ -46,18 +46,13 @@ def read_bands(
     group = band_group(orient, split)
     bands = list(range(r0 // t_major, min(-(-r1 // t_major), math.ceil(n_major / t_major))))
     t0, t1 = c0 // t_minor, max(c0 // t_minor, -(-c1 // t_minor))
-    checked = [check_band(store, f"{group}/{b}", orient, split, b,
-                          store.band_size(orient, split, b)) for b in bands]  # fmt: skip
-    sizes, crcs = [c[0] for c in checked], [c[1] for c in checked]
-    ptrs = store.read([(f"{group}/{b}/ptr", 0, None, Expect(crcs=c.get("ptr")))
-                       for b, c in zip(bands, crcs, strict=True)], threads)  # fmt: skip
+    checked = [store.checked_band(orient, split, b) for b in bands]
+    ptrs = store.read([ptr_request(path, crcs) for path, _, crcs in checked], threads)
     n_tiles = math.ceil(n_minor / t_minor)
     requests = []
-    for b, ptr, nnz, c in zip(bands, ptrs, sizes, crcs, strict=True):
-        check_ptr(store, f"{group}/{b}", ptr, n_tiles, nnz, f"{orient} band {b} ({split})")
-        lo, hi = int(ptr[t0]), int(ptr[t1])
-        requests += [(f"{group}/{b}/{name}", lo, hi, Expect(nnz, c.get(name)))
-                     for name in ("major", "minor", "val")]  # fmt: skip
+    for b, ptr, (path, nnz, crcs) in zip(bands, ptrs, checked, strict=True):
+        check_ptr(store, path, ptr, n_tiles, nnz, f"{orient} band {b} ({split})")
+        requests += entry_requests(path, int(ptr[t0]), int(ptr[t1]), nnz, crcs)
     reading = store.start(requests, threads, target)
 
     def decoded(i: int) -> BandSlice:

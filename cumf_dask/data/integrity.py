@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import StoreError
 from ..paths import is_url
-from .shards import Layout
+from .shards import Expect, Layout
 
 if TYPE_CHECKING:
     from .store import RatingsStore
@@ -104,6 +104,20 @@ def check_band(
             "folders moved, swapped or copied from another store"
         )
     return want["nnz"], attrs.get("crc32c") or {}
+
+
+def entry_requests(
+    path: str, lo: int, hi: int, nnz: int | None, crcs: dict[str, Any]
+) -> list[tuple[Any, ...]]:
+    """The read requests of entries [lo, hi) of a band's major, minor and val arrays, each
+    checked to hold the band's `nnz` entries and against its recorded crc32c."""
+    return [(f"{path}/{name}", lo, hi, Expect(nnz, crcs.get(name)))
+            for name in ("major", "minor", "val")]  # fmt: skip
+
+
+def ptr_request(path: str, crcs: dict[str, Any]) -> tuple[Any, ...]:
+    """The read request of a band's whole tile pointer, against its recorded crc32c."""
+    return (f"{path}/ptr", 0, None, Expect(crcs=crcs.get("ptr")))
 
 
 def check_ptr(

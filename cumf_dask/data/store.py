@@ -59,6 +59,8 @@ from .integrity import (
     check_none_held_out,
     check_ptr,
     check_unique_ids,
+    entry_requests,
+    ptr_request,
 )
 
 FORMAT = "cumf-dask-ratings"
@@ -450,19 +452,24 @@ class RatingsStore:
         """(major_local, minor, val) of one band, optionally only its tiles [t0, t1), checked:
         the band is the one asked for, its pointer ends at its band_nnz, each chunk is the
         one built there, local rows and global columns in range, ratings finite."""
-        path = f"{band_group(orient, split)}/{band}"
-        nnz, crcs = check_band(self, path, orient, split, band, self.band_size(orient, split, band))
-        (ptr,) = self.read([(f"{path}/ptr", 0, None, shards.Expect(crcs=crcs.get("ptr")))])
+        path, nnz, crcs = self.checked_band(orient, split, band)
+        (ptr,) = self.read([ptr_request(path, crcs)])
         n_tiles = self.n_col_tiles if orient == "row" else self.n_row_tiles
         check_ptr(self, path, ptr, n_tiles, nnz, f"{orient} band {band} ({split})")
         t0, t1 = tiles if tiles is not None else (0, n_tiles)
         lo, hi = int(ptr[t0]), int(ptr[t1])
-        major, minor, val = self.read(
-            [(f"{path}/{name}", lo, hi, shards.Expect(nnz, crcs.get(name)))
-             for name in ("major", "minor", "val")], threads,
-        )  # fmt: skip
+        major, minor, val = self.read(entry_requests(path, lo, hi, nnz, crcs), threads)
         self._check_band(path, band, orient, major, minor, val)
         return major, minor, val
+
+    def checked_band(
+        self, orient: Orientation, split: Split, band: int
+    ) -> tuple[str, int | None, dict[str, Any]]:
+        """One band's group path, checked to be the band asked for; its size (None while
+        the store is built) and the crc32c its build recorded per array ({}: none)."""
+        path = f"{band_group(orient, split)}/{band}"
+        nnz, crcs = check_band(self, path, orient, split, band, self.band_size(orient, split, band))
+        return path, nnz, crcs
 
     def band_size(self, orient: Orientation, split: Split, band: int) -> int | None:
         """Ratings in one band (its band_nnz; None while the store is being built, before

@@ -490,7 +490,7 @@ class _Run:
         engine = self.engine
         where = f" ({lost.what})" if lost.what else ""
         gone = ", ".join(lost.lost) or "a worker"
-        restore = self._last_checkpoint(lost_too=True)
+        restore = self._last_checkpoint()
         back = f"checkpoint {restore}" if restore is not None else "the first iteration"
         if losses > MAX_RECOVERIES:
             raise WorkerLostError(
@@ -520,17 +520,15 @@ class _Run:
         attrs, arrays = self.checkpointer.load(restore)
         return self._start((restore, attrs, arrays))
 
-    def _last_checkpoint(self, lost_too: bool = False) -> int | None:
+    def _last_checkpoint(self) -> int | None:
         """The iteration of this fit's newest complete checkpoint (None: there is none),
-        once the save under way has ended; its error is raised, but for a worker lost
-        meanwhile (`lost_too`: that save stays incomplete, the one before it is kept)."""
+        once the save under way has ended: its error is raised, but for a worker lost
+        meanwhile (that save stays incomplete, the one before it is kept)."""
         if self.saves is None:
             return None
         try:
             return self.saves.wait()
         except WorkerLost:
-            if not lost_too:
-                raise
             return self.saves.complete
 
     # ------------------------------------------------------------------ the loop
