@@ -3,6 +3,7 @@ marked and skipped without CUDA), random rating data."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 from pathlib import Path
@@ -20,6 +21,13 @@ BACKENDS = [
     "numpy",
     pytest.param("cupy", marks=[pytest.mark.gpu]),
 ]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """A crash (SIGSEGV) dumps the crashing thread's stack only: with every thread (dozens of
+    idle Dask ones) the one that crashed fell outside the part of CI's log that is kept."""
+    faulthandler.enable(file=os.dup(2), all_threads=False)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -84,8 +92,8 @@ def random_ratings(m, n, density, seed, empty_rows=(), empty_cols=(), skew=0.0):
         pc = 1.0 / np.arange(1, n + 1) ** skew
         rows = rng.choice(m, 3 * k, p=pr / pr.sum())
         cols = rng.choice(n, 3 * k, p=pc / pc.sum())
-        flat = np.unique(rows * n + cols)[:k]
-        rng.shuffle(flat)
+        flat = np.unique(rows * n + cols)  # sorted: shuffled before it is cut to k, else
+        rng.shuffle(flat)  # only the first rows would keep their ratings
         flat = flat[:k]
     else:
         flat = rng.choice(m * n, k, replace=False)
