@@ -22,6 +22,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from numbers import Integral
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -59,9 +60,13 @@ class GenerateConfig:
     m: int | None = None  # rows (users); overrides the preset
     n: int | None = None  # columns (items)
     nnz: int | None = None  # ratings, train and test together
-    rank: int = 10  # rank of the planted X* Theta*^T
-    noise: float = 0.1  # sigma of the Gaussian noise: the best achievable test RMSE
-    skew: float = 0.8  # Zipf exponent of row and column degrees (0 = uniform)
+    rank: int | None = None  # of the planted X* Theta*^T, <= min(m, n); None: 10 or min(m, n)
+    # sigma of the Gaussian noise: the best achievable test RMSE (unclipped: within +-1e9)
+    noise: float = 0.1
+    # Zipf exponent of the row degrees (0 = uniform); columns are drawn from the same law
+    # without replacement, so their degrees follow it only for skew below about 1 (about
+    # 1/skew above: a steeper skew gives flatter column degrees)
+    skew: float = 0.8
     rating_min: float | None = None  # clip ratings to [rating_min, rating_max] (within +-1e9)
     rating_max: float | None = None
     round: bool = False  # round ratings to integers, then clip them to the integers in the scale
@@ -487,6 +492,21 @@ def check_run_name(name: str, value: str) -> None:
         )
 
 
+def check_groups(name: str, groups: Any) -> None:
+    """Worker groups: a list of lists of worker indices (which workers, the planner checks)."""
+
+    def indices(group: Any) -> bool:
+        return isinstance(group, list) and all(
+            isinstance(w, Integral) and not isinstance(w, bool) for w in group
+        )
+
+    if not (isinstance(groups, list) and all(indices(g) for g in groups)):
+        raise ConfigError(
+            f"'{name}' must be a list of lists of worker indices (e.g. [[0, 1], [2, 3]]), "
+            f"got {groups!r}"
+        )
+
+
 def check_devices(name: str, devices: list[int]) -> None:
     """GPU positions: at least one, none negative or named twice (one worker per GPU)."""
     bad = sorted({d for d in devices if d < 0 or devices.count(d) > 1})
@@ -512,6 +532,7 @@ _RANGES: dict[str, Callable[[str, Any], None]] = {
     "plan.x.q": check_positive_int,
     "plan.theta.p": check_positive_int,
     "plan.theta.q": check_positive_int,
+    "plan.groups": check_groups,
     "cluster.n_workers": check_positive_int,
     "cluster.threads_per_worker": check_positive_int,
     "cluster.devices": check_devices,
@@ -521,7 +542,7 @@ _RANGES: dict[str, Callable[[str, Any], None]] = {
     "data.split_seed": partial(check_seed, bits=SPLIT_SEED_BITS),
     "data.generate.seed": check_seed,
     "data.generate.scale": _at_least(0, inclusive=False),
-    "data.generate.rank": check_positive_int,
+    "data.generate.rank": partial(check_positive_int, optional=True),
     "data.generate.noise": _at_least(0),
     "data.ingest.format": partial(check_choice, allowed=FORMATS),
     "data.ingest.columns": check_columns,
@@ -540,16 +561,44 @@ def _check_ranges(config: Config, source: str) -> None:
 
     The checks are those of the Python API (:mod:`cumf_dask.checks`), named by dotted key.
     """
+    try:
+        _check_keys(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def _check_keys(section: Any, prefix: str = "") -> None:
+    """The _RANGES checks of the keys under `prefix` (all: ""), run on `section`, the
+    object at `prefix` (a None value, where allowed, is not checked)."""
     for key, check in _RANGES.items():
-        value: Any = config
-        for part in key.split("."):
-            value = getattr(value, part)
-        if value is None:
+        if not key.startswith(prefix):
             continue
-        try:
+        value: Any = section
+        for part in key[len(prefix) :].split("."):
+            value = getattr(value, part)
+        if value is not None:
             check(key, value)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
+
+
+# the plan keys whose type allows a few words only, by field
+_PLAN_CHOICES = {"reduction": Reduction, "blocks": BlockTier, "factors": FactorTier}
+
+
+def check_plan_config(plan: PlanConfig) -> None:
+    """A PlanConfig made in Python, checked by the rules a config file's plan section meets
+    (its words, integers and ranges; each error names the key): else the planner would run
+    p=0 as p=1, record a misspelt reduction as the one used, or fail deep in NumPy on
+    p=2.5."""
+    for side in ("x", "theta"):
+        half = getattr(plan, side)
+        if not isinstance(half, HalfStepConfig):
+            raise ConfigError(
+                f"'plan.{side}' must be a HalfStepConfig, got {half!r}: e.g. "
+                f"PlanConfig({side}=HalfStepConfig(p=2))"
+            )
+    for name, words in _PLAN_CHOICES.items():
+        check_choice(f"plan.{name}", getattr(plan, name), get_args(words))
+    _check_keys(plan, "plan.")
 
 
 #: model keys only the implicit model reads (the explicit one has no confidence weights)

@@ -31,12 +31,12 @@ from .backend import PRECISIONS, get_backend, resolve_backend_name
 from .callbacks import IterationCallback
 from .checkpoint import MODEL_FORMAT, MODEL_VERSION, read_factors, write_factors
 from .checks import check_choice, check_number
-from .config import ClusterConfig, PlanConfig
+from .config import ClusterConfig, PlanConfig, check_plan_config
 from .data.store import RatingsStore
 from .engine import tasks
 from .engine.cluster import backend_on, cluster_client
 from .engine.fit import ALSParams, fit, ratings_digest, same_ratings
-from .engine.plan import Plan
+from .engine.plan import Plan, check_gpu_factors
 from .engine.session import Session
 from .errors import ConfigError, CumfWarning, NotFittedError, StoreError
 from .ids import IdMap
@@ -227,6 +227,7 @@ class ALS:
                 self._fit(store, client, backend_on(client, self.backend), resume)
             else:
                 backend = resolve_backend_name(self.backend)
+                check_gpu_factors(self.factors, backend)  # before a cluster starts
                 config = ClusterConfig(backend=backend, dashboard_address=None)
                 with cluster_client(config, nnz=store.nnz) as own:
                     self._fit(store, own, backend, resume)
@@ -247,11 +248,13 @@ class ALS:
         check_number("seed", self.seed, 0, integer=True)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("backend", self.backend, ("auto", "numpy", "cupy"))
-        if self.plan is not None and not isinstance(self.plan, PlanConfig):
-            raise ConfigError(
-                f"plan must be a cumf_dask.config.PlanConfig or None, got "
-                f"{type(self.plan).__name__}: e.g. plan=PlanConfig(p=2)"
-            )
+        if self.plan is not None:
+            if not isinstance(self.plan, PlanConfig):
+                raise ConfigError(
+                    f"plan must be a cumf_dask.config.PlanConfig or None, got "
+                    f"{type(self.plan).__name__}: e.g. plan=PlanConfig(p=2)"
+                )
+            check_plan_config(self.plan)  # as a config file's plan section is checked
         bad = [c for c in self._callbacks() if not callable(c)]
         if bad:
             raise ConfigError(f"callbacks must be callables (each takes the iteration's "

@@ -124,6 +124,28 @@ def test_gpu_keys_with_cpu_workers_are_a_warning_and_bad_devices_an_error():
             load_config(overrides=[f"cluster.devices={devices}"])
 
 
+def test_cupy_on_workers_without_a_gpu_is_one_config_error(clients, monkeypatch):
+    """backend="cupy" with a client whose workers have no GPU: one ConfigError naming the
+    setting, the workers and the fix (was a ModuleNotFoundError from the first GPU task)."""
+    monkeypatch.setattr(cluster, "has_cuda", lambda: False)  # CPU workers, even on a GPU host
+    client = clients(2)
+    rows, cols, vals = random_ratings(20, 10, 0.3, seed=1)
+    with pytest.raises(ConfigError, match=r"^backend='cupy' .* worker\(s\) inproc://.* have no "
+                       r"CUDA GPU .*: use backend='numpy' or 'auto'"):  # fmt: skip
+        ALS(2, backend="cupy").fit((rows, cols, vals), client=client)
+    assert cluster.backend_on(client, "auto") == "numpy"
+
+
+def test_workers_named_by_integers_are_in_numeric_order(monkeypatch):
+    """dask-cuda names its workers 0..N-1 (worker k on GPU k), and plan.groups and the NVML
+    groups name them by position: 10 and 11 come after 9, not after 1."""
+    names = [7, 11, 0, 3, 10, 1, 9, 4, 2, 8, 6, 5]
+    info = {f"tcp://10.0.0.{k}:4000": {"name": name} for k, name in enumerate(names)}
+    monkeypatch.setattr(cluster, "workers_info", lambda client: info)
+    order = [info[address]["name"] for address in cluster.worker_addresses(None)]
+    assert order == list(range(12))
+
+
 @pytest.fixture
 def scheduler_file(tmp_path):
     path = tmp_path / "scheduler.json"

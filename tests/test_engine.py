@@ -7,7 +7,10 @@ every reduction on every cluster size (``.ci/run`` runs both).
 
 from __future__ import annotations
 
+import gc
 import itertools
+import os
+import threading
 import time
 from dataclasses import replace
 
@@ -17,12 +20,13 @@ from conftest import BACKENDS, random_ratings, rel_err
 from distributed import get_task_stream
 from distributed.diagnostics.plugin import WorkerPlugin
 from reference import reference_als
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from cumf_dask.config import HalfStepConfig, PlanConfig
 from cumf_dask.data.spill import build_store
 from cumf_dask.engine import fit as fit_module
 from cumf_dask.engine import plan as plan_module
-from cumf_dask.errors import CumfWarning
+from cumf_dask.errors import CumfWarning, StoreError
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
 
@@ -356,3 +360,77 @@ def test_half_steps_are_timed_on_the_workers(stores, client2):
     for r in model.metrics_:
         assert r["seconds"] == pytest.approx(r["x_seconds"] + r["theta_seconds"])
         assert min(r["x_seconds"], r["theta_seconds"]) >= 0
+
+
+def _results_on(client) -> set[str]:
+    """The keys of the results the client's workers hold."""
+    held = client.run(lambda dask_worker: [str(key) for key in dask_worker.data])
+    return {key for keys in held.values() for key in keys}
+
+
+def test_a_failed_fit_leaves_nothing_on_the_workers(ratings, tmp_path, client2):
+    """A fit failing mid-run (a chunk of the store gone after iteration 2) lets go of the
+    factors it held, while its error is kept (a notebook keeps it) and without a GC pass
+    (Dask's record of the failed task refers back to the fit's frames: a cycle)."""
+    store = build_store(str(tmp_path / "r.zarr"), *ratings, shape=(M, N), tile_rows=7,
+                        tile_cols=5)  # fmt: skip
+
+    def lose_a_chunk(record: dict) -> None:
+        if record["iteration"] == 2:
+            os.remove(os.path.join(store.url, "by_row", "3", "minor", "c", "0"))
+
+    gc.collect()
+    before = _results_on(client2)
+    model = ALS(F, LAM, 5, backend="numpy", plan=PlanConfig(p=2, q=3, blocks="store"),
+                callbacks=[lose_a_chunk])  # fmt: skip
+    gc.disable()
+    try:
+        with pytest.raises(StoreError) as kept:  # kept: the error and its traceback
+            model.fit(store, client=client2)
+        deadline = time.monotonic() + 5
+        while (left := _results_on(client2) - before) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, f"{len(left)} results left while {kept.type.__name__} is kept: " + (
+            ", ".join(sorted(left)[:4]))
+    finally:
+        gc.enable()
+
+
+def _blas_threads() -> list[int]:
+    return [pool["num_threads"] for pool in threadpool_info()]
+
+
+def _in_a_thread(call) -> None:
+    """Run `call` in a thread that then ends: threadpoolctl (3.8) lets the living thread
+    that set OpenBLAS's threads keep control of them, and a user's process has none."""
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
+
+
+def test_blas_runs_one_thread_during_a_fit_only(stores, client2):
+    """The workers, threads of this process here, pin BLAS to one thread while they fit;
+    this process's own BLAS threads are as they were afterwards."""
+    seen, limits = [], []
+
+    def during(record: dict) -> None:
+        seen.extend(client2.submit(_blas_threads, pure=False).result())
+
+    _in_a_thread(lambda: limits.append(threadpool_limits(2)))  # as on a larger machine
+    try:
+        before = _blas_threads()
+        ALS(F, LAM, 1, backend="numpy", callbacks=[during]).fit(stores[SMALL], client=client2)
+        after = _blas_threads()
+    finally:
+        _in_a_thread(limits[0].restore_original_limits)
+    assert max(before) == 2 and after == before
+    assert seen and set(seen) == {1}
+
+
+def test_zero_cg_iterations_solve_x_from_the_initial_theta(stores, client2):
+    """With 0 iterations, X is one update from the initial Theta for the CG solver too (not
+    its seeded starting X): users without ratings get zero factors, as with Cholesky."""
+    models = {solver: ALS(F, LAM, 0, seed=0, backend="numpy", solver=solver).fit(
+        stores[SMALL], client=client2) for solver in ("cholesky", "cg")}  # fmt: skip
+    assert (models["cg"].user_factors_[[0, 41]] == 0).all()
+    np.testing.assert_array_equal(models["cg"].item_factors_, models["cholesky"].item_factors_)

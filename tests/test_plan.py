@@ -309,3 +309,41 @@ def test_gpu_factors_above_the_kernels_limit_are_a_config_error():
         make_plan(1000, 500, 20_000, MAX_F + 8, 1, 80 * GB, backend="cupy")
     assert make_plan(1000, 500, 20_000, MAX_F, 1, 80 * GB, backend="cupy").x.p >= 1
     assert make_plan(1000, 500, 20_000, MAX_F + 8, 1, 80 * GB, backend="numpy").x.p >= 1
+
+
+def test_gpu_factors_are_refused_before_fit_starts_a_cluster(monkeypatch):
+    """ALS().fit() without a client checks the limit before its own cluster starts."""
+    import cumf_dask.model as model
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a cluster was started")
+
+    monkeypatch.setattr(model, "resolve_backend_name", lambda name: "cupy")
+    monkeypatch.setattr(model, "cluster_client", no_cluster)
+    users, items = np.arange(6) % 3, np.arange(6) % 2
+    with pytest.raises(ConfigError, match=r"model\.factors 2040: the GPU backend"):
+        model.ALS(factors=2040, backend="cupy").fit((users, items, np.ones(6, np.float32)))
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (PlanConfig(p=0), r"'plan\.p' must be >= 1, got 0"),
+        (PlanConfig(q=-1), r"'plan\.q' must be >= 1, got -1"),
+        (PlanConfig(p=2.5), r"'plan\.p' must be an integer, got 2\.5"),
+        (PlanConfig(x=HalfStepConfig(p="2")), r"'plan\.x\.p' must be an integer, got '2'"),
+        (PlanConfig(p=2, reduction="scatterr"),
+         r"'plan\.reduction' must be one of 'scatter', 'two-phase', 'one', got 'scatterr'"),
+    ],
+)
+def test_a_plan_config_made_in_python_is_checked_as_a_files(config, message):
+    """The rules of a config file's plan section, not p=0 run as 1, a misspelt reduction
+    recorded as the one used, or a NumPy error deep in the planner."""
+    from cumf_dask.implicit.model import ImplicitALS
+    from cumf_dask.model import ALS
+
+    with pytest.raises(ConfigError, match=message):
+        make_plan(1000, 500, 20_000, 8, 2, GB, config=config)
+    for cls in (ALS, ImplicitALS):  # before the data is read or a cluster starts
+        with pytest.raises(ConfigError, match=message):
+            cls(plan=config).fit("no-such-store.zarr")

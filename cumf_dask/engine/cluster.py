@@ -2,7 +2,9 @@
 what the planner needs to know of its workers.
 
 Per-worker setup lives in a WorkerPlugin, not in tasks: BLAS pinned to one thread (Dask
-already gives the parallelism; threaded BLAS is much slower on many small products).
+already gives the parallelism; threaded BLAS is much slower on many small products), for
+a fit's duration (:func:`blas_pinned`): workers that are threads of the caller's process
+share its BLAS.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import warnings
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +66,7 @@ def has_compute_slots(client: Client) -> bool:
 
 
 class CumfWorkerSetup(WorkerPlugin):
-    """Pin BLAS threads.
+    """Pin BLAS threads while registered (teardown restores them).
 
     GPU workers share CuPy's kernel cache (``CUPY_CACHE_DIR``, else ``~/.cupy/kernel_cache``):
     CuPy writes its entries atomically, and reads the directory's name once, when it is
@@ -77,12 +79,86 @@ class CumfWorkerSetup(WorkerPlugin):
         self.blas_threads = blas_threads
 
     def setup(self, worker: Any) -> None:
-        from threadpoolctl import threadpool_limits
-
-        self._limits = threadpool_limits(self.blas_threads)
+        _BLAS_PIN.pin(self.blas_threads)
         log = logging.getLogger("distributed.worker")
         if not any(isinstance(f, RaisedByTheFit) for f in log.filters):
             log.addFilter(RaisedByTheFit())
+
+    def teardown(self, worker: Any) -> None:
+        _BLAS_PIN.unpin()
+
+
+class _ProcessBlasPin:
+    """The BLAS limit of this process, set while any worker in it holds CumfWorkerSetup.
+    Workers that are threads of one process share its BLAS: the first pins it and the last
+    restores it (each worker restoring what it found would leave it pinned when the one
+    that found it pinned goes last). Entered as threadpoolctl's context: its exit also lets
+    go of threadpoolctl's control of OpenBLAS (from 3.8, only the living thread that set
+    it may change it: else the caller could not set their BLAS threads after a fit)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._limits = ExitStack()
+
+    def pin(self, threads: int) -> None:
+        from threadpoolctl import threadpool_limits
+
+        with self._lock:
+            if self._holders == 0:
+                self._limits.enter_context(threadpool_limits(threads))
+            self._holders += 1
+
+    def unpin(self) -> None:
+        with self._lock:
+            if self._holders == 0:  # its setup never ran
+                return
+            self._holders -= 1
+            if self._holders == 0:
+                self._limits.close()
+
+
+_BLAS_PIN = _ProcessBlasPin()
+
+
+# fits under way per client (Client.id), which hold CumfWorkerSetup on its workers
+_PINNED_FITS: Counter[str] = Counter()
+_PINNED_LOCK = threading.Lock()
+
+
+@contextmanager
+def blas_pinned(client: Client) -> Iterator[None]:
+    """CumfWorkerSetup on `client`'s workers while a fit on it runs (or fits at once, from
+    several threads), unregistered after the last: workers that are threads of the
+    caller's process (a LocalCluster with processes=False, a user's own too) would else
+    keep the caller's BLAS on one thread, and a user's cluster would keep it for their
+    other work."""
+    with _PINNED_LOCK:
+        if not _PINNED_FITS[client.id]:
+            client.register_plugin(CumfWorkerSetup())
+        _PINNED_FITS[client.id] += 1
+    try:
+        yield
+    except BaseException:
+        with suppress(Exception):  # the fit's own error is the one to see
+            _fit_ended(client)
+        raise
+    _fit_ended(client)
+
+
+def _fit_ended(client: Client) -> None:
+    """One fit on `client` fewer; after the last, CumfWorkerSetup unregistered (its
+    teardown restores the workers' BLAS threads). Already gone is fine: another client of
+    the same scheduler may have unregistered it. A client not running (closed, or its
+    scheduler lost) is not asked: it would wait out its reconnect timeout first."""
+    with _PINNED_LOCK:
+        _PINNED_FITS[client.id] -= 1
+        if _PINNED_FITS[client.id]:
+            return
+        del _PINNED_FITS[client.id]
+        if client.status == "running":
+            with suppress(ValueError):  # "The worker plugin cumf-dask-setup does not exist"
+                client.unregister_worker_plugin(CumfWorkerSetup.name)
 
 
 class RaisedByTheFit(logging.Filter):
@@ -267,8 +343,7 @@ def _join(address: str) -> Client:
         with suppress(Exception):
             client.close(timeout=1)
         raise _not_joined(address, exc) from None
-    client.register_plugin(CumfWorkerSetup())
-    return client
+    return client  # a user's cluster: fits pin its BLAS threads for their duration only
 
 
 async def _identify(address: str) -> str | None:
@@ -595,9 +670,20 @@ def client_resources(client: Client, backend: str) -> Resources:
 
 
 def worker_addresses(client: Client) -> list[str]:
-    """Worker addresses in a stable order (by name, then address)."""
+    """Worker addresses in a stable order (by name, then address): the placement index that
+    plan.groups and the NVML groups (GPU i) name."""
     info = workers_info(client)
-    return [a for a, _ in sorted(info.items(), key=lambda kv: (str(kv[1].get("name")), kv[0]))]
+    return [a for a, _ in sorted(info.items(), key=_worker_order)]
+
+
+def _worker_order(item: tuple[str, dict[str, Any]]) -> tuple[Any, ...]:
+    """Sort key of a worker (address, info): integer names by number, before other names
+    by text (dask-cuda names the worker on GPU k k; as text, 10 would sort before 2)."""
+    address, info = item
+    name = info.get("name")
+    if isinstance(name, int) and not isinstance(name, bool):
+        return (0, name, "", address)
+    return (1, 0, str(name), address)
 
 
 def worker_memory(client: Client, backend: str) -> int:
@@ -690,8 +776,19 @@ def process_memory(client: Client) -> int:
 
 def backend_on(client: Client, name: str) -> str:
     """A backend name resolved where the work runs: 'auto' is cupy only if every worker
-    sees a GPU (a CPU login node may drive GPU workers, or the reverse)."""
-    if name != "auto":
+    sees a GPU (a CPU login node may drive GPU workers, or the reverse); 'cupy' on workers
+    without one is a ConfigError (else a ModuleNotFoundError from the first GPU task)."""
+    if name not in ("auto", "cupy"):
         return resolve_backend_name(name)
     found = client.run(has_cuda)
-    return "cupy" if found and all(found.values()) else "numpy"
+    if name == "auto":
+        return "cupy" if found and all(found.values()) else "numpy"
+    without = [address for address, cuda in found.items() if not cuda]
+    if without:
+        more = f" and {len(without) - 3} more" if len(without) > 3 else ""
+        raise ConfigError(
+            f"backend='cupy' (cluster.backend: cupy) but worker(s) {', '.join(without[:3])}"
+            f"{more} have no CUDA GPU with CuPy: use backend='numpy' or 'auto', or run on "
+            "GPU workers"
+        )
+    return "cupy"

@@ -63,7 +63,7 @@ from ..errors import (
 from ..paths import is_url
 from . import tasks
 from .cluster import (
-    CumfWorkerSetup,
+    blas_pinned,
     has_compute_slots,
     host_memory,
     measure_link,
@@ -247,16 +247,16 @@ def fit(
     """Fit on `client`'s workers with `backend` ("numpy" or "cupy", already resolved).
 
     With `checkpoint_dir`, the folder is locked for the fit's duration (a second fit
-    writing it fails at once with a StoreError).
+    writing it fails at once with a StoreError). The workers' BLAS runs one thread for the
+    fit's duration only (:func:`~.cluster.blas_pinned`).
     """
     checkpointer = Checkpointer(checkpoint_dir) if checkpoint_dir else None
     if resume and checkpointer is None:
         raise ConfigError("fit(resume=True) needs checkpoint_dir (output.checkpoint)")
     locked = checkpointer.locked() if checkpointer is not None else nullcontext()
-    with locked, _cluster_kept(client):
+    with locked, _cluster_kept(client), blas_pinned(client):
         here = params.attrs(store)
         found = _resumed(checkpointer, resume, here, params.iterations)
-        client.register_plugin(CumfWorkerSetup())  # BLAS threads
         workers = worker_addresses(client)
         baseline = process_memory(client)
         memory = worker_memory(client, backend)
@@ -431,12 +431,14 @@ class _Run:
 
     def until_done(self, found: tuple[int, dict, dict] | None) -> FitResult:
         """The fit's result, from the checkpoint `found` (else from the start); the blocks
-        it kept on the workers are let go however it ends (a failed fit's traceback, which
-        a notebook keeps, holds its frames)."""
+        it kept on the workers, and the factors of a failed fit, are let go however it ends
+        (a failed fit's traceback, which a notebook keeps, holds its frames, and Dask's
+        record of a failed task refers back to them: a cycle only a full GC pass frees)."""
         engine = self.engine
         if self.checkpointer is not None:  # the engine's watch is replaced by a recovery
             self.saves = BackgroundSaves(self.checkpointer, lambda c: engine.watch.compute(c),
                                          found[0] if found else None)  # fmt: skip
+        state: _State | None = None
         try:
             state = self._start(found)
             losses = 0
@@ -445,9 +447,7 @@ class _Run:
                     self._iterate(state)
                     if self.saves is not None:
                         self.saves.wait()
-                    X = state.X
-                    if X is None:  # nothing ran (iterations == 0): X from the initial Theta
-                        X = engine.half_step("x", state.theta, state.done + 1)
+                    X = state.X if state.done else self._first_x(state)  # 0 iterations
                     session = Session(engine, X, state.theta)
                     factors = session.gather()
                     break
@@ -457,7 +457,10 @@ class _Run:
                     losses += 1
                     state = self._recover(lost, state, losses)
         except BaseException:
-            with suppress(Exception):  # the fit's own error is the one to see
+            if state is not None:
+                with suppress(Exception):  # the fit's own error is the one to see
+                    engine.drop(state.theta, *([state.X] if state.X is not None else []))
+            with suppress(Exception):
                 engine.release()
             raise
         finally:
@@ -466,6 +469,14 @@ class _Run:
         engine.release()
         done = state.done
         return FitResult(engine.plan, state.metrics, done, session, (factors[0], factors[1]))
+
+    def _first_x(self, state: _State) -> Factor:
+        """X from the initial Theta, as an iteration's update X makes it (a user without
+        ratings gets a zero factor): the result of a fit of 0 iterations. The CG solver
+        starts from its seeded X, which this replaces. Held in `state` while it is solved,
+        so that a failure lets it go."""
+        state.X = X = self.engine.submit_half_step("x", state.theta, 1, previous=state.X)
+        return self.engine.wait(X, "x")
 
     # ------------------------------------------------------------------ starting points
     def _start(self, found: tuple[int, dict, dict] | None) -> _State:

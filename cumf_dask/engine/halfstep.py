@@ -324,17 +324,6 @@ class SUALSEngine:
         )  # fmt: skip
 
     # ------------------------------------------------------------------ the half-step
-    def half_step(
-        self,
-        side: str,
-        fixed: Factor,
-        it: int,
-        progress: Progress | None = None,
-        previous: Factor | None = None,
-    ) -> Factor:
-        """Solve every row of one factor from the other (see module doc); waits for it."""
-        return self.wait(self.submit_half_step(side, fixed, it, previous), side, progress)
-
     def submit_half_step(
         self, side: str, fixed: Factor, it: int, previous: Factor | None = None
     ) -> Factor:

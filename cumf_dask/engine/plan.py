@@ -49,8 +49,7 @@ import numpy as np
 
 from ..backend.base import MAX_F
 from ..blocks import MAX_COLS
-from ..checks import check_choice
-from ..config import BlockTier, FactorTier, PlanConfig, check_size, parse_size, size_text
+from ..config import BlockTier, FactorTier, PlanConfig, check_plan_config, parse_size, size_text
 from ..devices import nvml_groups
 from ..errors import ConfigError, PlanError
 from .costs import ASSUMED_LINK, half_step_cost
@@ -69,7 +68,6 @@ BLOCK_TIERS = {
     "host": "in pinned host memory, copied to the GPUs each half-step",
     "store": "streamed from the store",
 }
-FACTOR_TIERS = ("auto", "device", "host")
 
 
 @dataclass
@@ -527,9 +525,9 @@ def make_plan(
     `held_out`: the held-out ratings whose blocks the fit also keeps (for the test RMSE).
     """
     config = config or PlanConfig()
+    check_plan_config(config)  # a PlanConfig made in Python is checked as a file's plan is
     budget = memory
-    if config.memory_budget is not None:  # checked here too: a PlanConfig made in Python
-        check_size("plan.memory_budget", config.memory_budget, of="the worker's memory")
+    if config.memory_budget is not None:
         budget = parse_size(config.memory_budget, memory) or memory
     groups = config.groups
     if config.reduction == "two-phase" and groups is None and backend == "cupy":
@@ -539,8 +537,6 @@ def make_plan(
     check_gpu_factors(f, backend)
     if workers < 1:
         raise PlanError("the cluster has no workers; start some or check the scheduler address")
-    if config.headroom is not None:
-        check_size("plan.headroom", config.headroom, of="the budget", free=True)
     usable = budget - (parse_size(config.headroom, budget) or 0)
     rc = RowShares(m if row_counts is None else row_counts)
     cc = RowShares(n if col_counts is None else col_counts)
@@ -655,7 +651,6 @@ def _factor_tier(
     """Which factor lives in host memory (None: both on the devices, see the module doc),
     and the half-steps planned in the room the factors on the devices leave. `sizes`: each
     factor's bytes per worker. On CPU workers the host is the device: always None there."""
-    check_choice("plan.factors", wanted, FACTOR_TIERS)
     if backend != "cupy":
         return None, half_steps(usable, None)
     larger: Side = "x" if sizes["x"] >= sizes["theta"] else "theta"
@@ -696,7 +691,6 @@ def _block_tier(
     the workers' host memory (`host_memory` None) never picks ``host`` by itself. A
     refusal names the fixes that fit: another tier, or a larger forced q (`q_keys`: the
     config's setting and value by side) that leaves room for R on the workers."""
-    check_choice("plan.blocks", wanted, ("auto", "device", "host", "store"))
     word = wanted
     if backend != "cupy" and wanted == "host":
         wanted, word = "device", "host (on CPU workers: their memory)"
