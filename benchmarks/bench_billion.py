@@ -6,13 +6,14 @@
         --plan blocks=auto --plan memory_budget=6GB,factors=host   # two fits, one store
 
 Generation runs on a LocalCluster of one process per core (pairs, rating values and split on
-the CPU unless --gen-gpu), so it uses the whole machine; training on a LocalCUDACluster (one
-worker per GPU, UCX over NVLink when distributed-ucxx is installed). Prints the device, the
-shape, generation rate and disk use, the plan, time to the first iteration (cluster, loading,
-compiling), seconds per iteration (median after the first), test RMSE against the planted
-noise, and peak host and GPU memory per worker; appends a JSON record to --json. Each
---plan (PlanConfig fields, e.g. ``memory_budget=6GB,factors=host``) is one fit on the same
-store, on a fresh cluster.
+the CPU unless --gen-gpu, which computes them on GPU 0, every process's default device), so
+it uses the whole machine; training on a LocalCUDACluster (one worker per GPU, UCX over
+NVLink when distributed-ucxx is installed). Prints the device, the shape, generation rate
+and disk use, the plan, time to the first iteration (cluster, loading, compiling), seconds
+per iteration (median after the first; n/a with one iteration), test RMSE against the
+planted noise, and peak host and GPU memory per worker; appends a JSON record to --json.
+Each --plan (PlanConfig fields, e.g. ``memory_budget=6GB,factors=host``) is one fit on the
+same store, on a fresh cluster.
 """
 
 from __future__ import annotations
@@ -140,8 +141,9 @@ def main() -> None:
     parser.add_argument("--solver", default=None, help="cholesky or cg (when available)")
     parser.add_argument("--gen-workers", type=int, default=None)
     parser.add_argument("--gen-gpu", action="store_true", help="generation's pairs, rating "
-                        "values and split (and the transposition's sort) on the GPUs; the CPUs "
-                        "compress and write")  # fmt: skip
+                        "values and split (and the transposition's sort) on GPU 0: each "
+                        "generator process's default device (they are not spread over the "
+                        "GPUs); the CPUs compress and write")  # fmt: skip
     parser.add_argument("--blocks", default="auto", choices=["auto", "device", "host", "store"],
                         help="where R's blocks live between half-steps (plan.blocks)")
     parser.add_argument("--plan", action="append", default=None, help="key=value,... of "
@@ -189,6 +191,12 @@ def run_fits(store: RatingsStore, gen_seconds: float, device: str, args: argpars
                 fh.write(json.dumps({**record, **result}) + "\n")
 
 
+def steady_text(steady: float | None) -> str:
+    """The median seconds per iteration after the first, for the summary line ("n/a" when
+    the fit ran one iteration: there is none after it)."""
+    return "n/a (one iteration)" if steady is None else f"{steady:.2f} s/iteration"
+
+
 def fit_once(store: RatingsStore, args: argparse.Namespace, config: PlanConfig) -> dict:
     """One fit on a fresh cluster: prints the plan, each iteration, the time to the first
     one and peak memory; returns them as a record."""
@@ -220,7 +228,7 @@ def fit_once(store: RatingsStore, args: argparse.Namespace, config: PlanConfig) 
               f"{r.get('test_rmse', 0):>8.4f}")  # fmt: skip
     print(f"cluster start {started:.1f} s; time to first iteration done (after generation) "
           f"{started + (fit_wall - sum(r['seconds'] for r in its[1:])):.1f} s; iteration 1 "
-          f"{its[0]['seconds']:.1f} s (loading, compiling); steady {steady:.2f} s/iteration; "
+          f"{its[0]['seconds']:.1f} s (loading, compiling); steady {steady_text(steady)}; "
           f"fit wall {fit_wall:.1f} s; transport {scheme}")  # fmt: skip
     print(f"test RMSE {its[-1].get('test_rmse')} (planted noise {args.noise}); peak per worker:"
           f" host {memory['host_gb']:.1f} GB, GPU {memory['gpu_gb']:.1f} GB (CuPy's pool"

@@ -4,12 +4,14 @@
                                                    # (303,705 x 11,239, 39.6M ratings)
     python benchmarks/bench_generate.py --m 10000000 --n 1000000 --nnz 50000000
     python benchmarks/bench_generate.py --gpu      # pairs, values, split and the transposition's
-                                                   # sort on the GPU (needs cupy)
+                                                   # sort on GPU 0 (needs cupy)
 
 Workers are local Dask worker processes (one thread each); --workers 0 uses the thread pool
-of ``generate(client=None)``. Each repeat builds the store from scratch; the median is shown,
-and the build rate as a share of the ceiling: writing as many bytes to a file in the same
-folder (through the page cache, as the build writes).
+of ``generate(client=None)``. With --gpu every worker computes on its default device, GPU 0:
+a LocalCluster does not spread its workers over the GPUs. --m, --n and --nnz override the
+preset's shape at --scale, as in ``cumf-dask generate``. Each repeat builds the store from
+scratch; the median is shown, and the build rate as a share of the ceiling: writing as many
+bytes to a file in the same folder (through the page cache, as the build writes).
 """
 
 from __future__ import annotations
@@ -68,6 +70,18 @@ def run_once(url: str, model: PlantedModel, client, gpu: bool) -> dict[str, floa
     }
 
 
+def planted_model(args: argparse.Namespace) -> tuple[PlantedModel, str]:
+    """The model to generate and its shape's label: the preset at --scale, with any of --m,
+    --n and --nnz applied on top of it, as ``cumf-dask generate`` does."""
+    overrides = {k: getattr(args, k) for k in ("m", "n", "nnz") if getattr(args, k) is not None}
+    gen = GenerateConfig(preset=args.preset, scale=args.scale, rank=args.rank, rating_min=1,
+                         rating_max=5, **overrides)  # fmt: skip
+    label = f"{args.preset} x {args.scale:g}"
+    if overrides:
+        label += f", {', '.join(overrides)} overridden"
+    return PlantedModel.create(**asdict(gen)), label
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="netflix")
@@ -81,16 +95,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gpu", action="store_true",
                         help="compute pairs, rating values and split (and sort the transposition) "
-                        "with cupy; the CPU compresses and writes")  # fmt: skip
+                        "with cupy, on GPU 0: each worker's default device (the workers are "
+                        "not spread over the GPUs); the CPU compresses and writes")  # fmt: skip
     parser.add_argument("--dir", default=None, help="where to write the store (default: /tmp)")
     args = parser.parse_args()
 
-    custom = args.m is not None
-    gen = GenerateConfig(
-        preset=None if custom else args.preset, scale=1.0 if custom else args.scale,
-        m=args.m, n=args.n, nnz=args.nnz, rank=args.rank, rating_min=1, rating_max=5,
-    )  # fmt: skip
-    model = PlantedModel.create(**asdict(gen))
+    model, label = planted_model(args)
     workdir = tempfile.mkdtemp(prefix="bench-generate-", dir=args.dir)
     url = str(Path(workdir) / "ratings.zarr")
     print(f"device: {describe(args.gpu)}")
@@ -120,9 +130,9 @@ def main() -> None:
     total = statistics.median(r["total_s"] for r in runs)
     rows = statistics.median(r["rows_s"] for r in runs)
     ratings = first["ratings"]
-    label = f"{args.preset} x {args.scale}" if not custom else "custom"
     m, n = model.m, model.n
-    print(f"shape: {label}: {m:,} x {n:,}, {ratings:,} ratings, rank {gen.rank}, {first['tiles']}")
+    print(f"shape: {label}: {m:,} x {n:,}, {ratings:,} ratings, rank {model.rank}, "
+          f"{first['tiles']}")  # fmt: skip
     print(f"workers: {args.workers or 'threads'}, gpu: {args.gpu}, repeats: {args.repeats}")
     print(f"ratings generated/s (row bands: generate + write): {ratings / rows / 1e6:.2f} M/s")
     print(f"ratings/s, whole store (incl. transposition):      {ratings / total / 1e6:.2f} M/s")

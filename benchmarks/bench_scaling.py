@@ -11,13 +11,13 @@
 For each cluster (1 GPU; then each count of --gpus over TCP and over UCX/NVLink when
 distributed-ucxx is installed) a fresh LocalCUDACluster fits the same store with the same
 seed; prints the device, shape, f, the median seconds per iteration after the first (X and
-Theta half-steps), the planner's predicted seconds, the measured link bandwidth, the test
-RMSE, and the speed-up over one GPU (test RMSE must agree to 4 digits). --reductions adds
-runs with a forced data-parallel plan for each reduction strategy. --implicit fits the
-implicit-feedback model (the ratings as counts, alpha 1) with that solver instead, and
-compares its training loss (4 digits) in place of the test RMSE. --no-eval scores nothing
-during the fit (the iterations time the half-steps alone, as a fit without evaluation
-runs) and the test RMSE once afterwards, on the client.
+Theta half-steps; the first's with --iterations 1), the planner's predicted seconds, the
+measured link bandwidth, the test RMSE, and the speed-up over one GPU (test RMSE must agree
+to 4 digits). --reductions adds runs with a forced data-parallel plan for each reduction
+strategy. --implicit fits the implicit-feedback model (the ratings as counts, alpha 1) with
+that solver instead, and compares its training loss (4 digits) in place of the test RMSE.
+--no-eval scores nothing during the fit (the iterations time the half-steps alone, as a fit
+without evaluation runs) and the test RMSE once afterwards, on the client.
 
 --transports picks the several-GPU clusters' transports (default: TCP, and UCX when
 distributed-ucxx is installed). --repeats fits every cluster that many times, the clusters
@@ -81,7 +81,6 @@ def run(store, args, gpus: int, protocol: str, plan: PlanConfig) -> dict:
         score = last["loss"]
     else:
         score = model.rmse(store, "test") if args.no_eval else last["test_rmse"]
-    steady = model.metrics_[1:]
     return {
         "gpus": gpus,
         "transport": scheme,
@@ -90,14 +89,23 @@ def run(store, args, gpus: int, protocol: str, plan: PlanConfig) -> dict:
         "link_gb_s": model.plan_.link / 1e9,
         "cluster_start_s": started,
         "fit_wall_s": wall,
-        "iteration1_s": model.metrics_[0]["seconds"],
-        "median_s": statistics.median(r["seconds"] for r in steady),
-        "x_s": statistics.median(r["x_seconds"] for r in steady),
-        "theta_s": statistics.median(r["theta_seconds"] for r in steady),
+        **iteration_seconds(model.metrics_),
         "predicted_s": sum(h.predicted["seconds"] for h in (model.plan_.x, model.plan_.theta)),
         "model": f"implicit-{args.implicit}" if args.implicit else "explicit",
         "test_rmse": score,  # or the implicit loss
         "spans_ms": half_step_spans(stream.data) if args.trace else None,
+    }
+
+
+def iteration_seconds(metrics: list[dict]) -> dict[str, float]:
+    """Iteration 1's seconds, and the medians of the iterations after it (of iteration 1
+    itself when the fit ran only that one): whole iterations, X and Theta half-steps."""
+    steady = metrics[1:] or metrics
+    return {
+        "iteration1_s": metrics[0]["seconds"],
+        "median_s": statistics.median(r["seconds"] for r in steady),
+        "x_s": statistics.median(r["x_seconds"] for r in steady),
+        "theta_s": statistics.median(r["theta_seconds"] for r in steady),
     }
 
 

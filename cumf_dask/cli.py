@@ -89,9 +89,14 @@ def _generate(g: argparse.ArgumentParser) -> None:
     for name, text in (("m", "rows (users)"), ("n", "columns (items)"),
                        ("nnz", "ratings, train and test")):  # fmt: skip
         g.add_argument(f"--{name}", type=int, help=f"{text}; overrides the preset")
-    g.add_argument("--rank", type=int, default=10, help="rank of the planted model")
-    g.add_argument("--noise", type=float, default=0.1, help="sigma of the Gaussian noise")
-    g.add_argument("--skew", type=float, default=0.8, help="Zipf exponent of the degrees")
+    g.add_argument("--rank", type=int,
+                   help="rank of the planted model, at most min(m, n) (default: 10, or min(m, n) "
+                   "when smaller)")  # fmt: skip
+    g.add_argument("--noise", type=float, default=0.1, help="sigma of the Gaussian noise "
+                   "(unclipped ratings must stay within +-1e9)")  # fmt: skip
+    g.add_argument("--skew", type=float, default=0.8, help="Zipf exponent of the row degrees; "
+                   "columns are drawn from the same law without replacement, so their degrees "
+                   "follow it only for skew below about 1 (about 1/skew above)")  # fmt: skip
     g.add_argument("--rating-min", type=float, help="clip ratings below (within +-1e9)")
     g.add_argument("--rating-max", type=float, help="clip ratings above (within +-1e9)")
     g.add_argument("--round", action="store_true", help="round ratings to integers, then clip "

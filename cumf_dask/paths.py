@@ -13,12 +13,19 @@ from pathlib import Path
 
 from .errors import StoreError
 
+#: fsspec's schemes of the local filesystem: written as plain paths (renamed into place, locked)
+_LOCAL_SCHEMES = ("file://", "local://")
+
 
 def normalize_url(url: str | PathLike[str]) -> str:
-    """A location as a string: no trailing slash; ``file://`` URLs become plain local paths,
-    and a local path's leading ``~`` the home folder."""
+    """A location as a string: no trailing slash; ``file://`` and ``local://`` URLs become
+    plain local paths, and a local path's leading ``~`` the home folder."""
     text = str(url).rstrip("/") or "/"
-    return expand_home(text[len("file://") :] if text.startswith("file://") else text)
+    for scheme in _LOCAL_SCHEMES:
+        if text.startswith(scheme):
+            text = text[len(scheme) :]
+            break
+    return expand_home(text)
 
 
 def expand_home(path: str) -> str:

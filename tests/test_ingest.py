@@ -611,6 +611,7 @@ def test_ctrl_c_while_reading_is_an_interrupt(tmp_path, monkeypatch, capsys):
     [
         ({"test_fraction": 1.0}, r"'test_fraction' must be < 1"),
         ({"test_fraction": -0.1}, r"'test_fraction' must be >= 0"),
+        ({"split_seed": -1}, r"'split_seed' must be an integer in \[0, 2\*\*63\)"),
         ({"tile_rows": 0}, r"'tile_rows' must be >= 1"),
         ({"tile_cols": 2.5}, r"'tile_cols' must be an integer"),
         ({"chunk_rows": 0}, r"'chunk_rows' must be >= 1"),
@@ -665,6 +666,26 @@ def test_remote_store_survives_bad_input(tmp_path):
         assert contents(RatingsStore.open(url)) == before
     finally:
         fsspec.filesystem("memory").rm(f"/{tmp_path.name}", recursive=True)
+
+
+def test_remote_target_that_is_not_a_store_is_never_replaced(tmp_path):
+    """A URL holding a folder of files, or a file, is refused as a local path is, overwrite
+    or not (zarr took it for nothing there and wrote over it); an empty folder is fine."""
+    fs = fsspec.filesystem("memory")
+    root = f"/{tmp_path.name}"
+    fs.pipe({f"{root}/f2/keep.txt": b"keep", f"{root}/notes.txt": b"notes"})
+    fs.mkdir(f"{root}/empty")
+    try:
+        for name in ("f2", "notes.txt"):
+            with pytest.raises(StoreError, match=rf"^memory://{root}/{name}: exists and is not "
+                               "a cumf-dask rating store; refusing to replace it"):  # fmt: skip
+                ingest_arrays(f"memory://{root}/{name}", [1, 2], [1, 2], [1.0, 2.0],
+                              overwrite=True)  # fmt: skip
+        assert fs.cat(f"{root}/f2/keep.txt") == b"keep" and fs.cat(f"{root}/notes.txt") == b"notes"
+        store = ingest_arrays(f"memory://{root}/empty", [1, 2], [1, 2], [1.0, 2.0], test_fraction=0)
+        assert store.nnz == 2
+    finally:
+        fs.rm(root, recursive=True)
 
 
 # ----------------------------------------------------------------------------- declared sizes
@@ -781,3 +802,17 @@ def test_formats_are_described():
         "csv", "tsv", "delimited", "movielens-100k", "movielens-1m", "movielens-csv",
         "netflix", "parquet",
     }  # fmt: skip
+
+
+def test_build_errors_name_the_target_not_its_work_folder(tmp_path, monkeypatch):
+    """The hidden work folder is gone when the message is read: it names the target."""
+    from cumf_dask.data import spill
+
+    def damaged(url, band):
+        raise StoreError(f"{url}: damaged store: band 'by_col/0' is out of range")
+
+    monkeypatch.setattr(spill, "transpose_band", damaged)
+    url = tmp_path / "s.zarr"
+    with pytest.raises(StoreError, match=rf"^{re.escape(str(url))}: damaged store"):
+        ingest_arrays(url, [0, 1, 2], [1, 0, 1], [1.0, 2.0, 3.0])
+    assert not list(tmp_path.iterdir())

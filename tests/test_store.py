@@ -14,6 +14,7 @@ from conftest import random_ratings
 
 from cumf_dask.blocks import take_rows
 from cumf_dask.data.assemble import read_bands
+from cumf_dask.data.bands import init_store
 from cumf_dask.data.duplicates import resolve_duplicates
 from cumf_dask.data.hashing import split_mask
 from cumf_dask.data.planted import PlantedModel
@@ -277,6 +278,55 @@ def test_overwrite_never_deletes_foreign_data(tmp_path, ratings):
     with pytest.raises(ConfigError, match="tile_rows"):  # an argument, not the data
         build_store(str(tmp_path / "t.zarr"), rows, cols, vals, shape=(M, N), tile_rows=0)
     assert not (tmp_path / "t.zarr").exists() and not list(tmp_path.glob(".partial-t.zarr-*"))
+
+
+def test_leftovers_are_only_those_of_the_same_target(tmp_path, ratings):
+    """A build of `a` removes what a killed build of `a` left, never the live work folder or
+    the set-aside store of a build of `a-b` (their names start alike)."""
+    rows, cols, vals = ratings
+    init_store(str(tmp_path / ".partial-a-b-dceece20"), M, N, 64, 64, overwrite=True)
+    init_store(str(tmp_path / ".old-a-b-0123abcd"), M, N, 64, 64, overwrite=True)
+    (tmp_path / ".partial-a-4567cdef").mkdir()
+    with pytest.warns(CumfWarning, match=r"interrupted build of \S+/a left: "
+                      r"\.partial-a-4567cdef \(0\.0 MB\)$"):  # fmt: skip
+        build_store(str(tmp_path / "a"), rows, cols, vals, shape=(M, N))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".old-a-b-0123abcd", ".partial-a-b-dceece20", "a",
+    ]  # fmt: skip
+
+
+def test_leftover_links_are_unlinked_and_only_what_went_is_reported(tmp_path, ratings, monkeypatch):
+    """A set-aside store that is a link (left by a build through a link) goes as a link, what
+    it points to stays; a leftover that cannot be removed is not reported as removed."""
+    rows, cols, vals = ratings
+    build_store(str(tmp_path / "t3"), rows, cols, vals, shape=(M, N))
+    (tmp_path / ".old-t4-6968f960").symlink_to("t3")
+    (tmp_path / ".partial-t4-0123abcd").mkdir()
+    rmtree = shutil.rmtree
+
+    def stuck(path, *args, **kwargs):  # a folder this user cannot remove
+        if Path(path).name != ".partial-t4-0123abcd":
+            rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", stuck)
+    with pytest.warns(CumfWarning, match=r"interrupted build of \S+/t4 left: "
+                      r"\.old-t4-6968f960 \(a link to t3\)$"):  # fmt: skip
+        build_store(str(tmp_path / "t4"), rows, cols, vals, shape=(M, N))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".partial-t4-0123abcd", "t3", "t4"]
+    assert RatingsStore.open(str(tmp_path / "t3")).nnz == len(vals)
+
+
+def test_a_store_path_that_is_a_link_is_rebuilt_where_it_points(tmp_path, ratings):
+    """An ingest through a link replaces the store it points to (on that disk) and keeps the
+    link, with nothing left beside either."""
+    rows, cols, vals = ratings
+    real, link = tmp_path / "disk" / "s.zarr", tmp_path / "s.zarr"
+    build_store(str(real), rows, cols, vals, shape=(M, N))
+    link.symlink_to(real)
+    build_store(str(link), rows[:10], cols[:10], vals[:10], shape=(M, N), overwrite=True)
+    assert link.is_symlink() and RatingsStore.open(str(real)).nnz == 10
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk", "s.zarr"]
+    assert [p.name for p in real.parent.iterdir()] == ["s.zarr"]
 
 
 def test_declared_shape_is_checked_before_anything_is_written(tmp_path):

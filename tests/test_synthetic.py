@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import importlib
 import re
 from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import dask
+import fsspec
 import numpy as np
 import pytest
 import zarr
@@ -38,6 +41,8 @@ from cumf_dask.errors import ConfigError, CumfWarning, DeviceMemoryError, PlanEr
 
 SMALL = PlantedModel.create(m=2000, n=300, nnz=40_000, rank=4, noise=0.3, seed=7)
 TILES = {"tile_rows": 256, "tile_cols": 64}
+TINY = PlantedModel.create(m=50, n=20, nnz=300)
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def snapshot(url):
@@ -330,7 +335,13 @@ def test_scaled_preset_store(tmp_path):
         ({"m": 10, "n": 10, "nnz": 20, "scale": 2}, "no preset is set"),
         ({"m": 100, "n": 10, "nnz": 50}, r"at least max\(m, n\) = 100"),
         ({"m": 10, "n": 10, "nnz": 20, "rank": 0}, "'rank' must be >= 1"),
+        ({"m": 50, "n": 20, "nnz": 300, "rank": 21},
+         r"'rank' must be at most min\(m, n\) = 20, got 21: X\* Theta\*\^T of 50 x 20 has no "
+         r"higher rank; lower rank"),
         ({"m": 10, "n": 10, "nnz": 20, "noise": -1}, "noise"),
+        ({"m": 10, "n": 10, "nnz": 20, "noise": 1e20},
+         r"'noise' 1e\+20 makes ratings up to 6\.76e\+20, beyond \+-1e\+09; lower it \(at most "
+         r"1\.48e\+08\), or clip the ratings \(set both rating_min and rating_max\)"),
         ({"m": 10, "n": 10, "nnz": 20, "skew": -0.5}, "skew"),
         ({"m": 10, "n": 10, "nnz": 20, "rating_min": 5, "rating_max": 1}, "rating_min"),
         ({"m": 10, "n": 10, "nnz": 20, "rating_min": np.nan}, "'rating_min' must be a finite"),
@@ -347,6 +358,13 @@ def test_bad_input(tmp_path, settings, match):
     with pytest.raises(ConfigError, match=match):
         generate(tmp_path / "bad.zarr", PlantedModel.create(**settings))
     assert not (tmp_path / "bad.zarr").exists()
+
+
+def test_the_default_rank_is_ten_or_the_smaller_side():
+    """No rank given: 10, capped at min(m, n) (a rank above it does not exist)."""
+    assert PlantedModel.create(m=50, n=20, nnz=300).rank == 10
+    assert PlantedModel.create(m=50, n=4, nnz=120).rank == 4
+    assert GenerateConfig().rank is None
 
 
 def test_create_takes_the_config_settings():
@@ -396,6 +414,105 @@ def test_existing_store_needs_overwrite(tmp_path):
     assert generate(url, gen, overwrite=True).m == 300
 
 
+def test_noise_is_bounded_unless_ratings_are_clipped_on_both_sides(tmp_path):
+    """Unclipped ratings must stay within +-1e9 (as ingest requires): one bound leaves the
+    other side open; a scale on both sides clips every rating into it, whatever the noise."""
+    with pytest.raises(ConfigError, match=r"^'noise' 1\.5e\+08 makes ratings up to 1\.01e\+09"):
+        PlantedModel.create(m=50, n=20, nnz=300, noise=1.5e8, rating_min=1)
+    gen = PlantedModel.create(m=50, n=20, nnz=300, noise=1e20, rating_min=1, rating_max=5)
+    stats = generate(tmp_path / "c.zarr", gen, use_gpu=False).stats
+    assert stats["min"] >= 1 and stats["max"] <= 5
+
+
+@pytest.fixture
+def memory_root(tmp_path):
+    """A folder of its own in fsspec's (process-wide) memory filesystem, removed after."""
+    root = f"/{tmp_path.name}"
+    yield root
+    fs = fsspec.filesystem("memory")
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
+def test_a_url_target_that_is_not_a_store_is_never_replaced(tmp_path, memory_root):
+    """What is at a URL is asked of its filesystem (zarr took a folder of files, or a file,
+    for nothing there, and wrote over it); local:// is a local path, refused as one."""
+    fs = fsspec.filesystem("memory")
+    root = memory_root
+    fs.pipe({f"{root}/foreign/important.txt": b"precious", f"{root}/notes.txt": b"notes"})
+    for name in ("foreign", "notes.txt"):
+        with pytest.raises(StoreError, match=rf"^memory://{root}/{name}: exists and is not a "
+                           r"cumf-dask rating store; refusing to replace it"):  # fmt: skip
+            generate(f"memory://{root}/{name}", TINY, overwrite=True, use_gpu=False)
+    assert fs.cat([f"{root}/foreign/important.txt", f"{root}/notes.txt"]) == {
+        f"{root}/foreign/important.txt": b"precious", f"{root}/notes.txt": b"notes",
+    }  # fmt: skip
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "ch1.tex").write_text("chapter 1")
+    with pytest.raises(StoreError, match=rf"^{re.escape(str(thesis))}: exists and is not a "):
+        generate(f"local://{thesis}", TINY, overwrite=True, use_gpu=False)
+    assert (thesis / "ch1.tex").read_text() == "chapter 1"
+    store = generate(f"local://{tmp_path}/new.zarr", TINY, use_gpu=False)
+    assert store.url == f"{tmp_path}/new.zarr"
+
+
+def test_a_url_target_that_cannot_be_read_is_an_error_never_empty(memory_root, monkeypatch):
+    """Only 'not found' means nothing is at a URL: another error (a permission or network
+    one) is raised as it is, and what is there stays."""
+    fs = fsspec.filesystem("memory")
+    path = f"{memory_root}/s.zarr/ratings.csv"
+    fs.pipe(path, b"1,2,3")
+
+    def denied(self, path, **kwargs):
+        raise PermissionError(f"{path}: access denied")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(type(fs), "info", denied)
+        with pytest.raises(PermissionError, match="access denied"):
+            generate(f"memory://{memory_root}/s.zarr", TINY, overwrite=True, use_gpu=False)
+    assert fs.cat(path) == b"1,2,3"
+
+
+def test_a_store_path_that_is_a_link_is_rebuilt_where_it_points(tmp_path):
+    """The store is replaced where the link points (on that disk) and the link stays; a link
+    to nothing yet gets its store there. Nothing else is left beside either."""
+    real, link = tmp_path / "disk" / "t3", tmp_path / "t4"
+    generate(real, TINY, use_gpu=False)
+    link.symlink_to(real)
+    with pytest.raises(StoreError, match="already exists"):
+        generate(link, TINY, use_gpu=False)
+    generate(link, replace(TINY, seed=3), overwrite=True, use_gpu=False)
+    assert link.is_symlink() and RatingsStore.open(str(real)).source["seed"] == 3
+    (tmp_path / "t5").symlink_to(tmp_path / "disk" / "t5")
+    assert generate(tmp_path / "t5", TINY, use_gpu=False).m == 50
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk", "t4", "t5"]
+    assert sorted(p.name for p in real.parent.iterdir()) == ["t3", "t5"]
+
+
+def test_every_rating_held_out_is_a_config_error(tmp_path):
+    """A setting, not bad data: named as such, not as an empty input in a hidden folder."""
+    gen = PlantedModel.create(m=3, n=3, nnz=1, rank=1, nonempty=False)
+    with pytest.raises(ConfigError, match=r"^generate: every rating was held out for testing "
+                       r"\(test_fraction=0\.99 of nnz=1\), none is left to train on; lower "
+                       r"test_fraction or raise nnz$"):  # fmt: skip
+        generate(tmp_path / "e0.zarr", gen, test_fraction=0.99, use_gpu=False)
+    assert not list(tmp_path.iterdir())
+
+
+def test_build_errors_name_the_target_not_its_work_folder(tmp_path, monkeypatch):
+    """The hidden work folder is gone when the message is read: it names the target."""
+
+    def damaged(url, band, *gpu):
+        raise StoreError(f"{url}: damaged store: band 'by_row/0' is out of range")
+
+    monkeypatch.setattr(synthetic, "transpose_band", damaged)
+    url = tmp_path / "s.zarr"
+    with pytest.raises(StoreError, match=rf"^{re.escape(str(url))}: damaged store"):
+        generate(url, TINY, use_gpu=False)
+    assert not list(tmp_path.iterdir())
+
+
 def test_failure_removes_partial_store(tmp_path, monkeypatch):
     def broken(url, band, *gpu):  # a third argument where a GPU transposes
         raise RuntimeError("disk full")
@@ -413,8 +530,15 @@ def test_shape_beyond_memory_is_refused_before_anything_is_written(tmp_path):
                        r"machine: .*800\.0 GB for 8-byte rating counts.*lower m and n"):
         generate(url, huge)
     with pytest.raises(PlanError, match=r"bands of 4,000,000,000 rows.*lower tile_rows"):
-        generate(url, replace(huge, m=10**8), tile_rows=4 * 10**9)
+        generate(url, replace(huge, m=4 * 10**9), tile_rows=4 * 10**9)
     assert not url.exists() and not Path(f"{url}.lock").exists()
+
+
+def test_tiles_taller_than_the_matrix_are_one_band_of_m_rows(tmp_path):
+    """A band never holds more than m rows: tile_rows far above m is not a memory need."""
+    gen = PlantedModel.create(m=50, n=20, nnz=300)
+    store = generate(tmp_path / "t.zarr", gen, tile_rows=10**11, use_gpu=False)
+    assert (store.n_row_tiles, store.nnz + store.nnz_test) == (1, 300)
 
 
 def test_store_beyond_the_free_disk_is_refused_before_anything_is_written(tmp_path, monkeypatch):
@@ -561,3 +685,37 @@ def test_gpu_store_matches_cpu(tmp_path):
         else:
             np.testing.assert_array_equal(gpu[key], cpu[key], err_msg=key)
     assert gpu["attrs"]["stats"] == pytest.approx(cpu["attrs"]["stats"], rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- benchmarks
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """Import a benchmark script as a module (benchmarks/ on the path for this test)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module
+
+
+def test_bench_generate_overrides_the_preset_shape(bench):
+    """--m, --n or --nnz apply on top of the preset at --scale, as in cumf-dask generate,
+    and the label says which were overridden."""
+    m, n, nnz = resolve_shape(preset="netflix", scale=0.001)
+    args = argparse.Namespace(preset="netflix", scale=0.001, m=None, n=None, nnz=20_000, rank=4)
+    model, label = bench("bench_generate").planted_model(args)
+    assert ((model.m, model.n, model.nnz, model.rank), label) == (
+        (m, n, 20_000, 4), "netflix x 0.001, nnz overridden")  # fmt: skip
+    args.m, args.nnz = 300, None
+    model, label = bench("bench_generate").planted_model(args)
+    assert ((model.m, model.n, model.nnz), label) == (
+        (300, n, nnz), "netflix x 0.001, m overridden")  # fmt: skip
+
+
+def test_bench_summaries_of_a_one_iteration_fit(bench):
+    """--iterations 1 has no iteration after the first: bench_scaling takes the first,
+    bench_billion says n/a (both failed after the whole fit)."""
+    one = [{"seconds": 2.0, "x_seconds": 1.5, "theta_seconds": 0.5}]
+    assert bench("bench_scaling").iteration_seconds(one) == {
+        "iteration1_s": 2.0, "median_s": 2.0, "x_s": 1.5, "theta_s": 0.5,
+    }  # fmt: skip
+    assert bench("bench_billion").steady_text(None) == "n/a (one iteration)"

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checks import check_number, check_positive_int, check_scale
+from ..checks import MAX_RATING, check_number, check_positive_int, check_scale
 from ..errors import ConfigError
 from .hashing import hash64, normal_pairs, stream_key, unit
 from .limits import check_seed
@@ -76,6 +76,8 @@ _ROW_RANK, _COL_RANK, _FORCED, _DRAW, _RACE, _X, _THETA, _NOISE = range(1, 9)
 _DENSE_SHARE = 0.5
 #: cells (rows x columns) of one batch of the exponential race
 _RACE_CELLS = 1 << 22
+#: the planted model's rank when none is given (capped at min(m, n))
+DEFAULT_RANK = 10
 #: ratings per chunk when computing values (bounds the rank-wide temporaries)
 _VALUE_CHUNK = 1 << 20
 #: Draws at steep skews repeat the few popular columns: a row lacking a few columns draws
@@ -98,6 +100,9 @@ _THETA_TABLE = 1 << 24
 _DIFFERENCE_SLACK = 0.25
 #: the race divides by differences of Phi where each is within this relative error
 _WEIGHT_SLACK = 2.0**-10
+#: the largest hashed normal (hashing.normal_pairs: Box-Muller of a 32-bit uniform, at
+#: least 2**-33): factor entries and noise never exceed it in standard deviations
+_NORMAL_MAX = math.sqrt(-2.0 * math.log(2.0**-33))
 
 
 @dataclass(frozen=True)
@@ -135,7 +140,7 @@ class PlantedModel:
         m: int | None = None,
         n: int | None = None,
         nnz: int | None = None,
-        rank: int = 10,
+        rank: int | None = None,
         noise: float = 0.1,
         skew: float = 0.8,
         rating_min: float | None = None,
@@ -149,10 +154,18 @@ class PlantedModel:
         The keywords are those of ``data.generate`` in a config (``GenerateConfig``), so
         ``PlantedModel.create(**dataclasses.asdict(gen))`` builds a config's model. The rating
         scale is checked as ingest checks a declared one (finite, within +-1e9, min < max),
-        and with `round` it must hold an integer; the seed is one of [0, 2**64).
+        and with `round` it must hold an integer; the seed is one of [0, 2**64). `rank`
+        (default 10, or min(m, n) when smaller) is at most min(m, n), and ratings not clipped
+        on both sides must stay within +-1e9.
         """
         m, n, nnz = resolve_shape(preset=preset, scale=scale, m=m, n=n, nnz=nnz, nonempty=nonempty)
+        rank = min(DEFAULT_RANK, m, n) if rank is None else rank
         check_positive_int("rank", rank)
+        if rank > min(m, n):
+            raise ConfigError(
+                f"'rank' must be at most min(m, n) = {min(m, n)}, got {rank}: X* Theta*^T of "
+                f"{m:,} x {n:,} has no higher rank; lower rank (--rank)"
+            )
         check_number("noise", noise, 0)
         check_number("skew", skew, 0)
         check_scale(rating_min, rating_max)
@@ -168,7 +181,23 @@ class PlantedModel:
                 f"generate: round needs an integer in [rating_min, rating_max], and "
                 f"[{rating_min}, {rating_max}] holds none; widen the scale, or do not round"
             )
+        model._check_reach()
         return model
+
+    def _check_reach(self) -> None:
+        """Ratings not clipped on both sides stay within +-MAX_RATING, as ingest requires:
+        a ConfigError naming noise otherwise (mean and signal_std are 3.5 and 1 there)."""
+        if self.rating_min is not None and self.rating_max is not None:
+            return
+        offset, std = self._factor_moments
+        clean = self.rank * (offset + std * _NORMAL_MAX) ** 2  # |X*[i] . Theta*[v]| at most
+        reach = clean + self.noise * _NORMAL_MAX
+        if reach > MAX_RATING:
+            raise ConfigError(
+                f"'noise' {self.noise:g} makes ratings up to {reach:.3g}, beyond +-"
+                f"{MAX_RATING:.0e}; lower it (at most {(MAX_RATING - clean) / _NORMAL_MAX:.3g}),"
+                " or clip the ratings (set both rating_min and rating_max)"
+            )
 
     @classmethod
     def from_source(cls, source: dict[str, Any]) -> PlantedModel:

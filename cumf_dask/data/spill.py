@@ -39,10 +39,10 @@ from ..paths import disk_full_as, is_url, normalize_url
 from .bands import band_order_key, finish_store, init_store, transpose_band, write_band
 from .duplicates import DUPLICATE_POLICIES, DuplicatePolicy, resolve_duplicates
 from .hashing import SPLITS, SplitKind, split_mask, user_split_mask
-from .limits import check_dimension, check_fits
+from .limits import SPLIT_SEED_BITS, check_dimension, check_fits, check_seed
 from .parallel import run_tasks
 from .store import MAX_TILE, RatingsStore, check_tiles, default_tile
-from .target import check_target, claim, discard, publish, work_url, writing
+from .target import check_target, claim, discard, naming_target, publish, work_url, writing
 
 SPILL_PREFIX = "cumf-spill-"
 OWNER = "owner.json"
@@ -79,6 +79,7 @@ class StoreBuilder:
         if not str(url).strip():
             raise ConfigError("the output path is empty; give the store's path or URL (-o)")
         check_fraction("test_fraction", test_fraction)
+        check_seed("split_seed", split_seed, SPLIT_SEED_BITS)
         check_choice("split", split, SPLITS)
         check_choice("duplicates", duplicates, DUPLICATE_POLICIES)
         url = normalize_url(url)
@@ -208,60 +209,61 @@ class StoreBuilder:
         work = work_url(self.url)
         created = False
         try:
-            if self._records == 0 or not self._bands:
-                raise IngestError("no ratings: the input is empty")
-            if not any(kind == "row" for kind, _ in self._bands):
-                raise IngestError(
-                    f"all {self._records:,} ratings fell in the held-out split (test fraction "
-                    f"{self.test_fraction:g}), none is left to train on; lower the test "
-                    "fraction (--test-fraction, data.test_fraction)"
+            with naming_target(work, self.url):  # errors name the target, not `work`
+                if self._records == 0 or not self._bands:
+                    raise IngestError("no ratings: the input is empty")
+                if not any(kind == "row" for kind, _ in self._bands):
+                    raise IngestError(
+                        f"all {self._records:,} ratings fell in the held-out split (test fraction "
+                        f"{self.test_fraction:g}), none is left to train on; lower the test "
+                        "fraction (--test-fraction, data.test_fraction)"
+                    )
+                m = self.m if self.m is not None else self._max_row + 1
+                n = self.n if self.n is not None else self._max_col + 1
+                if row_ids is not None:
+                    m = len(row_ids)
+                if col_ids is not None:
+                    n = len(col_ids)
+                created = True  # from here on a failure removes what was written
+                tile_rows = self._store_tile_rows(m, n)
+                tile_cols = self.tile_cols or default_tile(n, m, self._records)
+                check_tiles(m, n, self._records, tile_rows, tile_cols)
+                n_row_tiles = math.ceil(m / tile_rows)
+                n_col_tiles = math.ceil(n / tile_cols)
+                by_user = self.split == "users" and self.test_fraction > 0
+                has_test = by_user or any(k == "test" for k, _ in self._bands)
+                kinds = ("row", "test") if has_test else ("row",)
+                if not local:  # built in place: bad data must fail before the target is touched
+                    spilled = ("row",) if by_user else kinds  # by user: test cut from row spills
+                    checks = [(kind, band, tile_rows, tile_cols, describe) for kind in spilled
+                              for band in range(n_row_tiles)]  # fmt: skip
+                    run_tasks(None, self._check_row_band, checks, "check", None)
+                init_store(work, m, n, tile_rows, tile_cols, overwrite=local or self.overwrite)
+                steps = len(kinds) * n_row_tiles + n_col_tiles
+
+                def report(_stage: str, done: int, _total: int, before: int = 0) -> None:
+                    if progress:
+                        progress("bands", before + done, steps)
+
+                row_jobs = [(work, kind, band, tile_rows, tile_cols, describe) for kind in kinds
+                            for band in range(n_row_tiles)]  # fmt: skip
+                written = run_tasks(None, self._write_row_band, row_jobs, "bands", report)
+                summaries = {kind: written[i * n_row_tiles : (i + 1) * n_row_tiles]
+                             for i, kind in enumerate(kinds)}  # fmt: skip
+                summaries["col"] = run_tasks(
+                    None, transpose_band, [(work, b) for b in range(n_col_tiles)], "bands",
+                    functools.partial(report, before=len(row_jobs)),
+                )  # fmt: skip
+                finish_store(
+                    work,
+                    summaries["row"],
+                    summaries["col"],
+                    summaries.get("test"),
+                    source=source,
+                    row_ids=row_ids,
+                    col_ids=col_ids,
                 )
-            m = self.m if self.m is not None else self._max_row + 1
-            n = self.n if self.n is not None else self._max_col + 1
-            if row_ids is not None:
-                m = len(row_ids)
-            if col_ids is not None:
-                n = len(col_ids)
-            created = True  # from here on a failure removes what was written
-            tile_rows = self._store_tile_rows(m, n)
-            tile_cols = self.tile_cols or default_tile(n, m, self._records)
-            check_tiles(m, n, self._records, tile_rows, tile_cols)
-            n_row_tiles = math.ceil(m / tile_rows)
-            n_col_tiles = math.ceil(n / tile_cols)
-            by_user = self.split == "users" and self.test_fraction > 0
-            has_test = by_user or any(k == "test" for k, _ in self._bands)
-            kinds = ("row", "test") if has_test else ("row",)
-            if not local:  # built in place: bad data must fail before the target is touched
-                spilled = ("row",) if by_user else kinds  # by user: test cut from row spills
-                checks = [(kind, band, tile_rows, tile_cols, describe) for kind in spilled
-                          for band in range(n_row_tiles)]  # fmt: skip
-                run_tasks(None, self._check_row_band, checks, "check", None)
-            init_store(work, m, n, tile_rows, tile_cols, overwrite=local or self.overwrite)
-            steps = len(kinds) * n_row_tiles + n_col_tiles
-
-            def report(_stage: str, done: int, _total: int, before: int = 0) -> None:
-                if progress:
-                    progress("bands", before + done, steps)
-
-            row_jobs = [(work, kind, band, tile_rows, tile_cols, describe) for kind in kinds
-                        for band in range(n_row_tiles)]  # fmt: skip
-            written = run_tasks(None, self._write_row_band, row_jobs, "bands", report)
-            summaries = {kind: written[i * n_row_tiles : (i + 1) * n_row_tiles]
-                         for i, kind in enumerate(kinds)}  # fmt: skip
-            summaries["col"] = run_tasks(
-                None, transpose_band, [(work, b) for b in range(n_col_tiles)], "bands",
-                functools.partial(report, before=len(row_jobs)),
-            )  # fmt: skip
-            finish_store(
-                work,
-                summaries["row"],
-                summaries["col"],
-                summaries.get("test"),
-                source=source,
-                row_ids=row_ids,
-                col_ids=col_ids,
-            )
-            return publish(work, self.url)
+                return publish(work, self.url)
         except BaseException:
             if created:
                 discard(work)

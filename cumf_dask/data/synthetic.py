@@ -34,7 +34,16 @@ from .parallel import Progress, run_tasks
 from .planted import PlantedModel
 from .sampling import Array
 from .store import RatingsStore, check_tiles, default_tile
-from .target import check_target, claim, discard, publish, work_url, writing
+from .target import (
+    check_target,
+    claim,
+    discard,
+    naming_target,
+    publish,
+    resolve_target,
+    work_url,
+    writing,
+)
 
 
 def generate(
@@ -65,7 +74,8 @@ def generate(
 
     `test_fraction` of the ratings beyond the ``max(m, n)`` that `nonempty` forces is held
     out (the forced ones stay in training), with a CumfWarning when that is far less than
-    `test_fraction` of all of them. `split_seed` is an integer in [0, 2**63).
+    `test_fraction` of all of them, and a ConfigError when every rating is held out.
+    `split_seed` is an integer in [0, 2**63).
     """
     check_fraction("test_fraction", test_fraction)
     check_seed("split_seed", split_seed, SPLIT_SEED_BITS)
@@ -81,18 +91,24 @@ def generate(
     tile_cols = tile_cols or default_tile(n, m, nnz)
     check_tiles(m, n, nnz, tile_rows, tile_cols)
     bands = 2 * math.ceil(m / tile_rows) + math.ceil(n / tile_cols)  # row, test, column
-    check_fits(m, n, bands, "lower m and n (or the preset's scale)", tile_rows)
+    # a band never holds more than m rows, however tall its tiles
+    check_fits(m, n, bands, "lower m and n (or the preset's scale)", min(tile_rows, m))
     url = normalize_url(url)
     lock = claim(url)  # one writer per target; a killed run's work folder is removed
     try:
         check_target(url, overwrite)  # the old store stays until the new one is complete
         if not is_url(url) and model.varied_values:
-            check_disk(url, NOISY_RATING_BYTES * nnz, f"a store of {nnz:,} unrounded ratings "
-                       f"(typically 5-14 bytes each, at least {NOISY_RATING_BYTES:g})",
+            check_disk(resolve_target(url), NOISY_RATING_BYTES * nnz,
+                       f"a store of {nnz:,} unrounded ratings (typically 5-14 bytes each, at "
+                       f"least {NOISY_RATING_BYTES:g})",
                        "free space there, write the store elsewhere, or lower nnz (or the "
                        "preset's scale)")  # fmt: skip
-        with writing(url), out_of_memory_as(
-            f"generating a {m:,} x {n:,} store", "lower m and n, or tile_rows (rows per band)"
+        with (
+            writing(url),
+            out_of_memory_as(
+                f"generating a {m:,} x {n:,} store",
+                "lower m and n, tile_rows (rows per band), or rank",
+            ),
         ):
             store = _build(url, model, test_fraction, split_seed, tile_rows, tile_cols, client,
                            progress, use_gpu)  # fmt: skip
@@ -113,43 +129,67 @@ def _build(
     progress: Progress | None,
     use_gpu: bool | Literal["auto"],
 ) -> RatingsStore:
-    """Write the store beside `url`, then publish it (see generate)."""
-    m, n = model.m, model.n
+    """Write the store beside `url`, then publish it (see generate); a failed build is
+    removed, and its errors name `url`, not the hidden work folder."""
     work = work_url(url)
-    init_store(work, m, n, tile_rows, tile_cols, overwrite=True)
     try:
-        bands = [
-            (work, model, a, tile_rows, tile_cols, test_fraction, split_seed, use_gpu)
-            for a in range(math.ceil(m / tile_rows))
-        ]
-        compile_once = use_gpu is True  # a thread pool here: its kernels compile in band 0
-        rows = run_tasks(client, _row_band, bands, "generate", progress, compile_once)
-        gpu = (use_gpu,) if use_gpu else ()  # transpose_band sorts on the CPU by default
-        cols = run_tasks(client, transpose_band,
-                         [(work, b, *gpu) for b in range(math.ceil(n / tile_cols))], "transpose",
-                         progress, compile_once)  # fmt: skip
-        n_test = sum(r[1]["nnz"] for r in rows) if test_fraction > 0 else 0
-        source = {
-            "kind": "synthetic",
-            "preset": model.preset,
-            "scale": model.scale,
-            **model.settings,
-            "mean": model.mean,
-            "signal_std": model.signal_std,
-            "test_fraction": test_fraction,
-            "split_seed": split_seed,
-            # what a perfect rank-`rank` learner scores on the test set (sigma, up to
-            # sampling, unless ratings are clipped or rounded)
-            "planted_test_rmse": math.sqrt(sum(r[2] for r in rows) / n_test) if n_test else None,
-        }
-        finish_store(
-            work, [r[0] for r in rows], cols, [r[1] for r in rows] if test_fraction > 0 else None,
-            source=source,
-        )  # fmt: skip
+        with naming_target(work, url):
+            init_store(work, model.m, model.n, tile_rows, tile_cols, overwrite=True)
+            _write(work, model, test_fraction, split_seed, tile_rows, tile_cols, client,
+                   progress, use_gpu)  # fmt: skip
         return publish(work, url)
     except BaseException:
         discard(work)
         raise
+
+
+def _write(
+    work: str,
+    model: PlantedModel,
+    test_fraction: float,
+    split_seed: int,
+    tile_rows: int,
+    tile_cols: int,
+    client: Any,
+    progress: Progress | None,
+    use_gpu: bool | Literal["auto"],
+) -> None:
+    """Write every row band, then every column band, of the store at `work`, and mark it
+    complete."""
+    m, n = model.m, model.n
+    bands = [
+        (work, model, a, tile_rows, tile_cols, test_fraction, split_seed, use_gpu)
+        for a in range(math.ceil(m / tile_rows))
+    ]
+    compile_once = use_gpu is True  # a thread pool here: its kernels compile in band 0
+    rows = run_tasks(client, _row_band, bands, "generate", progress, compile_once)
+    if not any(r[0]["nnz"] for r in rows):
+        raise ConfigError(
+            f"generate: every rating was held out for testing (test_fraction={test_fraction} "
+            f"of nnz={model.nnz:,}), none is left to train on; lower test_fraction or raise nnz"
+        )
+    gpu = (use_gpu,) if use_gpu else ()  # transpose_band sorts on the CPU by default
+    cols = run_tasks(client, transpose_band,
+                     [(work, b, *gpu) for b in range(math.ceil(n / tile_cols))], "transpose",
+                     progress, compile_once)  # fmt: skip
+    n_test = sum(r[1]["nnz"] for r in rows) if test_fraction > 0 else 0
+    source = {
+        "kind": "synthetic",
+        "preset": model.preset,
+        "scale": model.scale,
+        **model.settings,
+        "mean": model.mean,
+        "signal_std": model.signal_std,
+        "test_fraction": test_fraction,
+        "split_seed": split_seed,
+        # what a perfect rank-`rank` learner scores on the test set (sigma, up to
+        # sampling, unless ratings are clipped or rounded)
+        "planted_test_rmse": math.sqrt(sum(r[2] for r in rows) / n_test) if n_test else None,
+    }
+    finish_store(
+        work, [r[0] for r in rows], cols, [r[1] for r in rows] if test_fraction > 0 else None,
+        source=source,
+    )  # fmt: skip
 
 
 def _warn_few_held_out(model: PlantedModel, test_fraction: float, n_test: int) -> None:
