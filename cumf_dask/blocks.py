@@ -174,6 +174,7 @@ def block_on_host(bands: Bands, threads: int = 1) -> Block:
 
     def place(i: int) -> None:
         row, n_rows, major, minor, val = parts[i]
+        parts[i] = None  # its arrays go once placed: the decoded bands and the CSR overlap
         lo, hi = int(starts[i]), int(starts[i + 1])
         order = np.argsort(major, kind="stable")
         np.subtract(minor[order], c0, out=indices[lo:hi], casting="same_kind")

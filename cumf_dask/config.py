@@ -598,6 +598,9 @@ def check_plan_config(plan: PlanConfig) -> None:
             )
     for name, words in _PLAN_CHOICES.items():
         check_choice(f"plan.{name}", getattr(plan, name), get_args(words))
+    if plan.headroom is None:  # a file's `headroom: null` is refused too (None: no headroom)
+        raise ConfigError("'plan.headroom' must be a size such as '10%' or '2GB' (0 for none), "
+                          "not None")  # fmt: skip
     _check_keys(plan, "plan.")
 
 

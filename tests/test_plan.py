@@ -334,6 +334,7 @@ def test_gpu_factors_are_refused_before_fit_starts_a_cluster(monkeypatch):
         (PlanConfig(x=HalfStepConfig(p="2")), r"'plan\.x\.p' must be an integer, got '2'"),
         (PlanConfig(p=2, reduction="scatterr"),
          r"'plan\.reduction' must be one of 'scatter', 'two-phase', 'one', got 'scatterr'"),
+        (PlanConfig(headroom=None), r"'plan\.headroom' must be a size such as '10%'"),
     ],
 )
 def test_a_plan_config_made_in_python_is_checked_as_a_files(config, message):

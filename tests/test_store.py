@@ -895,3 +895,11 @@ def test_a_read_failing_on_a_store_rebuilt_meanwhile_says_replaced(tmp_path, spr
         bands.slice(2)
     with pytest.raises(StoreError, match=r"the store was replaced .* open it again"):
         raise store.damaged("anything a read's own checks find")
+
+
+def test_a_loop_of_links_as_the_target_is_one_store_error(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(StoreError, match="a symbolic link that cannot be followed"):
+        build_store(str(tmp_path / "a"), np.array([0, 1]), np.array([1, 0]),
+                    np.array([1.0, 2.0], np.float32), shape=(2, 2))

@@ -374,10 +374,10 @@ def supported(path: str) -> bool:
 
 class Reading:
     """Arrays being decoded on the pool, in request order: :meth:`get` waits for one
-    array's chunks only. With a target's ``lookahead``, the arrays after the one asked for
-    are started while fewer bytes than that are decoded and not yet asked for, and get
-    hands an array over (the reading forgets it, so the consumer frees it when done);
-    else all start at once and are kept. Such a consumer must not wait on the pool's own
+    array's chunks only, and hands it over (the reading forgets it, so the consumer frees it
+    when done: each array is asked for once). With a target's ``lookahead``, the arrays
+    after the one asked for are started while fewer bytes than that are decoded and not yet
+    asked for; else all start at once. Such a consumer must not wait on the pool's own
     threads: the work it waits for is started by its own calls."""
 
     def __init__(
@@ -432,11 +432,10 @@ class Reading:
             for future in self._pending[k]:
                 future.result()
         out = self._outs[k]
-        if self._target.lookahead is not None:
-            self._outs[k], self._pending[k] = None, []
-            with self._lock:
-                self._ahead -= self._bytes[k]
-                self._bytes[k] = 0
+        self._outs[k], self._pending[k] = None, []
+        with self._lock:
+            self._ahead -= self._bytes[k]
+            self._bytes[k] = 0
         return out
 
 

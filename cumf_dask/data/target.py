@@ -46,7 +46,13 @@ def resolve_target(url: str) -> str:
     it points to (so the store is replaced there, on that disk, and the link kept, and one
     lock covers both names); any other target as it is."""
     path = Path(url)
-    return str(path.resolve()) if not is_url(url) and path.is_symlink() else url
+    if is_url(url) or not path.is_symlink():
+        return url
+    try:
+        return str(path.resolve())
+    except (RuntimeError, OSError) as exc:  # a loop of links
+        raise StoreError(f"{url}: a symbolic link that cannot be followed ({exc}); point it at "
+                         "a folder, or give another path") from None
 
 
 def claim(url: str) -> WriterLock:

@@ -17,11 +17,12 @@ import signal
 import socket
 import threading
 import time
+import uuid
 import warnings
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,8 +76,10 @@ class CumfWorkerSetup(WorkerPlugin):
 
     name = "cumf-dask-setup"
 
-    def __init__(self, blas_threads: int = 1):
+    def __init__(self, blas_threads: int = 1, name: str | None = None):
         self.blas_threads = blas_threads
+        if name is not None:
+            self.name = name
 
     def setup(self, worker: Any) -> None:
         _BLAS_PIN.pin(self.blas_threads)
@@ -89,24 +92,26 @@ class CumfWorkerSetup(WorkerPlugin):
 
 
 class _ProcessBlasPin:
-    """The BLAS limit of this process, set while any worker in it holds CumfWorkerSetup.
-    Workers that are threads of one process share its BLAS: the first pins it and the last
-    restores it (each worker restoring what it found would leave it pinned when the one
-    that found it pinned goes last). Entered as threadpoolctl's context: its exit also lets
-    go of threadpoolctl's control of OpenBLAS (from 3.8, only the living thread that set
-    it may change it: else the caller could not set their BLAS threads after a fit)."""
+    """The BLAS limit of this process, set while any worker in it holds a CumfWorkerSetup.
+    Workers that are threads of one process share its BLAS: the first holder pins it and
+    the last restores it. Both are done on one thread of its own: from threadpoolctl 3.8
+    only the thread that set OpenBLAS's limit may change it again (a restore from another
+    thread would be ignored, and the caller's BLAS left on one thread)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._holders = 0
-        self._limits = ExitStack()
+        self._limits: Any = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="cumf-blas")
 
     def pin(self, threads: int) -> None:
         from threadpoolctl import threadpool_limits
 
         with self._lock:
             if self._holders == 0:
-                self._limits.enter_context(threadpool_limits(threads))
+                self._limits = self._thread.submit(
+                    lambda: threadpool_limits(threads).__enter__()
+                ).result()
             self._holders += 1
 
     def unpin(self) -> None:
@@ -115,50 +120,29 @@ class _ProcessBlasPin:
                 return
             self._holders -= 1
             if self._holders == 0:
-                self._limits.close()
+                limits, self._limits = self._limits, None
+                self._thread.submit(limits.__exit__, None, None, None).result()
 
 
 _BLAS_PIN = _ProcessBlasPin()
 
 
-# fits under way per client (Client.id), which hold CumfWorkerSetup on its workers
-_PINNED_FITS: Counter[str] = Counter()
-_PINNED_LOCK = threading.Lock()
-
-
 @contextmanager
 def blas_pinned(client: Client) -> Iterator[None]:
-    """CumfWorkerSetup on `client`'s workers while a fit on it runs (or fits at once, from
-    several threads), unregistered after the last: workers that are threads of the
-    caller's process (a LocalCluster with processes=False, a user's own too) would else
-    keep the caller's BLAS on one thread, and a user's cluster would keep it for their
-    other work."""
-    with _PINNED_LOCK:
-        if not _PINNED_FITS[client.id]:
-            client.register_plugin(CumfWorkerSetup())
-        _PINNED_FITS[client.id] += 1
+    """CumfWorkerSetup on `client`'s workers while a fit runs, under a name of the fit's own
+    (fits at once, on one client or several clients of one scheduler, each remove only
+    theirs): workers that are threads of the caller's process (a LocalCluster with
+    processes=False, a user's own too) would else keep the caller's BLAS on one thread,
+    and a user's cluster would keep it for their other work. A client no longer running
+    (closed, or its scheduler lost) is not asked: it would wait out its reconnect timeout."""
+    name = f"{CumfWorkerSetup.name}-{uuid.uuid4().hex[:8]}"
+    client.register_plugin(CumfWorkerSetup(name=name))
     try:
         yield
-    except BaseException:
-        with suppress(Exception):  # the fit's own error is the one to see
-            _fit_ended(client)
-        raise
-    _fit_ended(client)
-
-
-def _fit_ended(client: Client) -> None:
-    """One fit on `client` fewer; after the last, CumfWorkerSetup unregistered (its
-    teardown restores the workers' BLAS threads). Already gone is fine: another client of
-    the same scheduler may have unregistered it. A client not running (closed, or its
-    scheduler lost) is not asked: it would wait out its reconnect timeout first."""
-    with _PINNED_LOCK:
-        _PINNED_FITS[client.id] -= 1
-        if _PINNED_FITS[client.id]:
-            return
-        del _PINNED_FITS[client.id]
+    finally:
         if client.status == "running":
-            with suppress(ValueError):  # "The worker plugin cumf-dask-setup does not exist"
-                client.unregister_worker_plugin(CumfWorkerSetup.name)
+            with suppress(Exception):  # the fit's own error, if any, is the one to see
+                client.unregister_worker_plugin(name)
 
 
 class RaisedByTheFit(logging.Filter):
