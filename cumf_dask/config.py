@@ -204,7 +204,17 @@ class Config:
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return plain(dataclasses.asdict(self))
+
+
+def plain(value: Any) -> Any:
+    """`value` with NumPy scalars (which the checks accept as numbers) made Python's own, in
+    dicts, lists and tuples: YAML's and JSON's writers refuse them (config.yaml, plan.json)."""
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(item) for item in value)
+    return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
 
 
 # ----------------------------------------------------------------------------- sizes

@@ -310,3 +310,19 @@ def test_ingest_format_is_checked_at_load(tmp_path):
         load_config(path)
     config = load_config(overrides=["data.ingest.format=netflix"])
     assert config.data.ingest.format == "netflix"
+
+
+def test_numpy_numbers_in_a_config_are_written_as_plain_numbers():
+    """The checks take NumPy integers; config.yaml and plan.json are written with Python's."""
+    import json
+
+    import numpy as np
+
+    from cumf_dask.config import PlanConfig
+    from cumf_dask.engine.plan import make_plan
+
+    config = Config()
+    config.plan.p, config.model.factors = np.int64(2), np.int64(8)
+    assert yaml.safe_load(yaml.safe_dump(config.to_dict()))["plan"]["p"] == 2
+    plan = make_plan(1000, 500, 20_000, np.int64(8), 2, 10**9, config=PlanConfig(p=np.int64(2)))
+    assert json.loads(json.dumps(plan.to_dict()))["x"]["p"] == 2

@@ -903,3 +903,10 @@ def test_a_loop_of_links_as_the_target_is_one_store_error(tmp_path):
     with pytest.raises(StoreError, match="a symbolic link that cannot be followed"):
         build_store(str(tmp_path / "a"), np.array([0, 1]), np.array([1, 0]),
                     np.array([1.0, 2.0], np.float32), shape=(2, 2))
+
+
+def test_a_url_scheme_without_its_filesystem_is_one_config_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"^foo://b/x\.zarr: cannot write there .*install the "
+                                          r"filesystem package"):  # fmt: skip
+        build_store("foo://b/x.zarr", np.array([0, 1]), np.array([1, 0]),
+                    np.array([1.0, 2.0], np.float32), shape=(2, 2))

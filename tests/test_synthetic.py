@@ -513,6 +513,17 @@ def test_build_errors_name_the_target_not_its_work_folder(tmp_path, monkeypatch)
     assert not list(tmp_path.iterdir())
 
 
+def test_os_errors_of_a_build_name_the_target_not_its_work_folder(tmp_path, monkeypatch):
+    def refused(url, band, *gpu):
+        raise PermissionError(13, "Permission denied", f"{url}/by_col/0")
+
+    monkeypatch.setattr(synthetic, "transpose_band", refused)
+    url = tmp_path / "s.zarr"
+    with pytest.raises(PermissionError) as err:
+        generate(url, TINY, use_gpu=False)
+    assert err.value.filename == f"{url}/by_col/0"
+
+
 def test_failure_removes_partial_store(tmp_path, monkeypatch):
     def broken(url, band, *gpu):  # a third argument where a GPU transposes
         raise RuntimeError("disk full")

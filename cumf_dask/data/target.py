@@ -31,7 +31,7 @@ from typing import Any
 
 import fsspec
 
-from ..errors import CumfError, CumfWarning, StoreError
+from ..errors import ConfigError, CumfError, CumfWarning, StoreError
 from ..locks import WriterLock
 from ..paths import check_writable, disk_full_as, is_url, normalize_url
 from .store import FORMAT, RatingsStore
@@ -146,7 +146,13 @@ def _remote_occupant(url: str) -> str | None:
     """What is at a URL target, as :func:`_local_occupant` says it, asked of its filesystem:
     only FileNotFoundError means nothing is there (a network or permission error is raised,
     never taken for an empty target that may be written over)."""
-    fs, path = fsspec.core.url_to_fs(url)
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as exc:  # a scheme fsspec does not know, or lacks a package
+        raise ConfigError(
+            f"{url}: cannot write there ({exc}); install the filesystem package its scheme "
+            "needs (such as s3fs or gcsfs), or give a local path"
+        ) from None
     try:
         info = fs.info(path)
     except FileNotFoundError:
@@ -189,12 +195,18 @@ def writing(url: str) -> AbstractContextManager[None]:
 
 @contextmanager
 def naming_target(work: str, url: str) -> Iterator[None]:
-    """Around a build in `work`: a cumf-dask error names the user's target `url`, not the
-    hidden work folder (which is removed by the time the message is read)."""
+    """Around a build in `work`: a cumf-dask error, or an operating system's about a file,
+    names the user's target `url`, not the hidden work folder (which is removed by the time
+    the message is read)."""
     try:
         yield
     except CumfError as exc:
         exc.args = tuple(a.replace(work, url) if isinstance(a, str) else a for a in exc.args)
+        raise
+    except OSError as exc:
+        for name in ("filename", "filename2"):
+            if isinstance(getattr(exc, name), str):
+                setattr(exc, name, getattr(exc, name).replace(work, url))
         raise
 
 

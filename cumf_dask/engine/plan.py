@@ -49,7 +49,15 @@ import numpy as np
 
 from ..backend.base import MAX_F
 from ..blocks import MAX_COLS
-from ..config import BlockTier, FactorTier, PlanConfig, check_plan_config, parse_size, size_text
+from ..config import (
+    BlockTier,
+    FactorTier,
+    PlanConfig,
+    check_plan_config,
+    parse_size,
+    plain,
+    size_text,
+)
 from ..devices import nvml_groups
 from ..errors import ConfigError, PlanError
 from .costs import ASSUMED_LINK, half_step_cost
@@ -161,7 +169,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON takes it (plan.json, ``--json plan``): an unbounded link (workers
         in one process) is None, as strict JSON has no Infinity."""
-        out = asdict(self)
+        out = plain(asdict(self))
         out["link"] = None if math.isinf(self.link) else self.link
         return out
 
