@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal
 
 from ..checks import check_choice, check_fraction, check_positive_int
@@ -110,8 +112,10 @@ def generate(
                 "lower m and n, tile_rows (rows per band), or rank",
             ),
         ):
-            store = _build(url, model, test_fraction, split_seed, tile_rows, tile_cols, client,
-                           progress, use_gpu)  # fmt: skip
+            write = partial(_write, model=model, test_fraction=test_fraction,
+                            split_seed=split_seed, tile_rows=tile_rows, tile_cols=tile_cols,
+                            client=client, progress=progress, use_gpu=use_gpu)  # fmt: skip
+            store = _build(url, model, tile_rows, tile_cols, write)
     finally:
         lock.release()
     _warn_few_held_out(model, test_fraction, store.nnz_test)
@@ -119,24 +123,16 @@ def generate(
 
 
 def _build(
-    url: str,
-    model: PlantedModel,
-    test_fraction: float,
-    split_seed: int,
-    tile_rows: int,
-    tile_cols: int,
-    client: Any,
-    progress: Progress | None,
-    use_gpu: bool | Literal["auto"],
+    url: str, model: PlantedModel, tile_rows: int, tile_cols: int, write: Callable[[str], None]
 ) -> RatingsStore:
-    """Write the store beside `url`, then publish it (see generate); a failed build is
-    removed, and its errors name `url`, not the hidden work folder."""
+    """Write the store beside `url` (`write` fills the folder it is given), then publish it
+    (see generate); a failed build is removed, and its errors name `url`, not the hidden
+    work folder."""
     work = work_url(url)
     try:
         with naming_target(work, url):
             init_store(work, model.m, model.n, tile_rows, tile_cols, overwrite=True)
-            _write(work, model, test_fraction, split_seed, tile_rows, tile_cols, client,
-                   progress, use_gpu)  # fmt: skip
+            write(work)
         return publish(work, url)
     except BaseException:
         discard(work)
