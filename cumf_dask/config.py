@@ -26,6 +26,7 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
+import numpy as np
 import yaml
 
 from .checks import (
@@ -208,13 +209,14 @@ class Config:
 
 
 def plain(value: Any) -> Any:
-    """`value` with NumPy scalars (which the checks accept as numbers) made Python's own, in
-    dicts, lists and tuples: YAML's and JSON's writers refuse them (config.yaml, plan.json)."""
+    """`value` with NumPy scalars (numbers the checks accept, losses computed in float32)
+    made Python's own, in dicts, lists and tuples: YAML's and JSON's writers refuse them
+    (config.yaml, plan.json, a checkpoint's or model's attrs)."""
     if isinstance(value, dict):
         return {key: plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(plain(item) for item in value)
-    return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
+    return value.item() if isinstance(value, np.generic) else value
 
 
 # ----------------------------------------------------------------------------- sizes

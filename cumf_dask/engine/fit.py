@@ -47,7 +47,7 @@ from ..backend import backend_spec
 from ..backend.objective import UpdateSpec
 from ..callbacks import IterationCallback, Progress
 from ..checkpoint import BackgroundSaves, Checkpointer
-from ..config import PlanConfig
+from ..config import PlanConfig, plain
 from ..data.store import RatingsStore
 from ..errors import (
     ConfigError,
@@ -140,12 +140,6 @@ class ALSParams:
             "precision": self.precision,
         }
         return plain(settings)
-
-
-def plain(values: dict[str, Any]) -> dict[str, Any]:
-    """NumPy scalars (parameters given as such, losses computed in float32) as the Python
-    numbers they are, so that a checkpoint's or model's attrs are JSON."""
-    return {k: v.item() if isinstance(v, np.generic) else v for k, v in values.items()}
 
 
 # what a resumed fit must share with its checkpoint, beside the shape: the objective's
