@@ -12,8 +12,10 @@ columns in order).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -123,10 +125,14 @@ class Bands:
     band_rows: int  # rows per band (t_major)
     n_major: int  # rows of the orientation
     n_minor: int  # columns of the orientation
-    count: int  # bands
+    sizes: Sequence[int]  # entries decoded of each band: its share of the block, or more
     decoded: Callable[[int], BandSlice]  # band i, once decoded (waits for it alone)
     # raises the truer error before a damaged one: the store was replaced since it was opened
     check_source: Callable[[], None] | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.sizes)
 
     def slice(self, i: int) -> BandSlice:
         return self.decoded(i)
@@ -146,45 +152,75 @@ class Bands:
 
 
 def block_on_host(bands: Bands, threads: int = 1) -> Block:
-    """The CSR block of decoded bands, built with NumPy, one band per thread."""
+    """The CSR block of decoded bands, built with NumPy on up to `threads` threads.
+
+    Each band, once decoded, is checked, cut to the block and sorted by row straight into
+    its place in the block's arrays, which is known once the bands before it are cut. So a
+    load holds the block and the few bands being placed or decoded ahead
+    (:data:`~cumf_dask.data.shards.HOST_BANDS`), not every band beside the block. The
+    arrays are made as long as all the bands' decoded entries (pages never written are
+    not resident), and cut to the ratings kept at the end.
+    """
     (r0, r1), (c0, c1) = bands.rows, bands.cols
     check_columns(c1 - c0)  # so the local columns below fit the int32 indices
-    parts: list = [None] * bands.count
+    room = int(sum(bands.sizes))
+    indices, values = np.empty(room, np.int32), np.empty(room, np.float32)
+    counts = np.zeros(r1 - r0, np.int64)
+    starts: list[Future] = [Future() for _ in range(bands.count + 1)]
+    starts[0].set_result(0)
 
-    def cut(i: int) -> None:
-        s = bands.slice(i)
-        major, minor, val = s.major, s.minor, s.val
-        a, z = bands.rows_of(s)
-        rows_here = min(bands.band_rows, bands.n_major - s.first)
-        if val.size and (
-            major.min() < 0 or major.max() >= rows_here or minor.min() < 0
-            or minor.max() >= bands.n_minor or not np.isfinite(val).all()
-        ):  # fmt: skip
-            raise bands.damaged(s)
-        keep = (major >= a - s.first) & (major < z - s.first) & (minor >= c0) & (minor < c1)
-        if not keep.all():
-            major, minor, val = major[keep], minor[keep], val[keep]
-        parts[i] = (a - r0, z - a, major - np.int32(a - s.first), minor, val)
-
-    run([lambda i=i: cut(i) for i in range(len(parts))], threads)
-    starts = np.cumsum([0] + [part[2].size for part in parts])
-    indptr = np.zeros(r1 - r0 + 1, np.int64)
-    indices = np.empty(int(starts[-1]), np.int32)
-    values = np.empty(int(starts[-1]), np.float32)
-
-    def place(i: int) -> None:
-        row, n_rows, major, minor, val = parts[i]
-        parts[i] = None  # its arrays go once placed: the decoded bands and the CSR overlap
-        lo, hi = int(starts[i]), int(starts[i + 1])
+    def build(i: int) -> None:
+        if starts[i].done() and starts[i].exception() is not None:
+            starts[i + 1].set_exception(starts[i].exception())  # a band before failed
+            return
+        try:
+            row, n_rows, major, minor, val = _cut(bands, bands.slice(i), bands.sizes[i])
+            lo = starts[i].result()
+        except BaseException as error:
+            starts[i + 1].set_exception(error)
+            raise
+        starts[i + 1].set_result(lo + val.size)
         order = np.argsort(major, kind="stable")
-        np.subtract(minor[order], c0, out=indices[lo:hi], casting="same_kind")
-        np.take(val, order, out=values[lo:hi])
-        ends = indptr[row + 1 : row + n_rows + 1]
-        np.cumsum(np.bincount(major, minlength=n_rows), out=ends)
-        ends += lo
+        np.subtract(minor[order], c0, out=indices[lo : lo + val.size], casting="same_kind")
+        np.take(val, order, out=values[lo : lo + val.size])
+        counts[row : row + n_rows] = np.bincount(major, minlength=n_rows)
 
-    run([lambda i=i: place(i) for i in range(len(parts))], threads)
-    return Block(indptr, indices, values, r0, c0, r1 - r0, c1 - c0)
+    run([partial(build, i) for i in range(bands.count)], threads, "assemble")
+    size = starts[-1].result()
+    indptr = np.zeros(r1 - r0 + 1, np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return Block(indptr, _shrink(indices, size), _shrink(values, size), r0, c0, r1 - r0, c1 - c0)
+
+
+def _cut(
+    bands: Bands, s: BandSlice, size: int
+) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
+    """A decoded band of `size` entries checked and cut to the block: (its first row in the
+    block, its rows there, its ratings' rows among those, their columns (global), the
+    ratings)."""
+    (r0, _), (c0, c1) = bands.rows, bands.cols
+    major, minor, val = s.major, s.minor, s.val
+    a, z = bands.rows_of(s)
+    rows_here = min(bands.band_rows, bands.n_major - s.first)
+    if not major.size == minor.size == val.size == size:
+        raise bands.damaged(s)
+    if val.size and (
+        major.min() < 0 or major.max() >= rows_here or minor.min() < 0
+        or minor.max() >= bands.n_minor or not np.isfinite(val).all()
+    ):  # fmt: skip
+        raise bands.damaged(s)
+    keep = (major >= a - s.first) & (major < z - s.first) & (minor >= c0) & (minor < c1)
+    if not keep.all():
+        major, minor, val = major[keep], minor[keep], val[keep]
+    return a - r0, max(z - a, 0), major - np.int32(a - s.first), minor, val
+
+
+def _shrink(array: np.ndarray, size: int) -> np.ndarray:
+    """An array made longer than needed, cut to its first `size` entries in place (realloc:
+    the rest goes back; no view of it is left, the jobs that wrote it are done)."""
+    if size != len(array):
+        array.resize(size, refcheck=False)
+    return array
 
 
 def select_columns(block: Block, columns: np.ndarray) -> Block:

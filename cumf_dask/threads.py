@@ -1,5 +1,7 @@
-"""One shared thread pool per size, for work that releases the GIL (decoding, crc32c,
-sorting, copying): reading and assembling blocks uses it."""
+"""Shared thread pools, one per size and use, for work that releases the GIL (decoding,
+crc32c, sorting, copying): reading blocks uses the ``io`` pools; assembling them the
+``assemble`` pools, whose jobs wait for decoding they start themselves (a reading with a
+lookahead), so they must never occupy the threads that decoding needs."""
 
 from __future__ import annotations
 
@@ -10,15 +12,15 @@ from functools import lru_cache
 Job = Callable[[], None]
 
 
-def run(jobs: Sequence[Job], threads: int) -> None:
-    """Run the jobs on a shared pool of `threads` threads (here when one, or one job);
-    the first job's exception is raised after all have run (none still writes into the
-    buffers the caller then frees or reuses)."""
+def run(jobs: Sequence[Job], threads: int, use: str = "io") -> None:
+    """Run the jobs on the shared pool of `threads` threads for `use` (here when one, or one
+    job); the first job's exception is raised after all have run (none still writes into
+    the buffers the caller then frees or reuses)."""
     if threads <= 1 or len(jobs) <= 1:
         for job in jobs:
             job()
         return
-    futures = [_pool(threads).submit(job) for job in jobs]
+    futures = [_pool(threads, use).submit(job) for job in jobs]
     wait(futures)
     for future in futures:
         future.result()
@@ -34,9 +36,9 @@ def start(jobs: Sequence[Job], threads: int) -> list[Future]:
             future.set_result(None)
             done.append(future)
         return done
-    return [_pool(threads).submit(job) for job in jobs]
+    return [_pool(threads, "io").submit(job) for job in jobs]
 
 
-@lru_cache(maxsize=8)
-def _pool(threads: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cumf-io")
+@lru_cache(maxsize=16)
+def _pool(threads: int, use: str) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"cumf-{use}")

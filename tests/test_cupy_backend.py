@@ -7,6 +7,8 @@ bfloat16 factor storage against the NumPy backend's emulation of it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import float32_cg_change, random_ratings, rel_err
@@ -426,9 +428,11 @@ def test_blocks_built_on_the_gpu_equal_the_host_ones(gpu, tmp_path):
     damage = [("val", np.nan), ("val", -np.inf), ("major", 17), ("minor", 70), ("minor", -1)]
     for field, value in damage:  # 17 rows a band, 70 columns: each out of range once
         bands = read_bands(store, "row", (0, 130), (0, 70), "train", threads=2)
-        getattr(bands.slice(0), field)[-1] = value
+        first = bands.slice(0)  # handed over once: the damaged copy is what band 0 gives
+        getattr(first, field)[-1] = value
+        damaged = replace(bands, decoded=lambda i, b=bands, s=first: s if i == 0 else b.slice(i))
         with pytest.raises(StoreError, match="damaged store"):
-            gpu.block_from_bands(bands)
+            gpu.block_from_bands(damaged)
 
 
 def test_chunks_larger_than_the_staging_buffer_reach_the_gpu_whole(gpu, monkeypatch):

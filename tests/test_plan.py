@@ -136,7 +136,7 @@ def test_no_block_has_2_31_columns():
     band = BandSlice(0, 0, np.zeros(2, np.int32), np.array([3, 2**31 + 5]),
                      np.ones(2, np.float32))  # fmt: skip
     with pytest.raises(PlanError, match=r"2,147,483,658 columns .* int32"):
-        block_on_host(Bands("x", (0, 1), (0, wide), 1, 1, wide, 1, lambda i: band))
+        block_on_host(Bands("x", (0, 1), (0, wide), 1, 1, wide, [2], lambda i: band))
 
 
 def _gpu_plan(host_gb, held_out=0, **cfg):

@@ -12,7 +12,7 @@ import pytest
 import zarr
 from conftest import random_ratings
 
-from cumf_dask.blocks import take_rows
+from cumf_dask.blocks import Bands, block_on_host, take_rows
 from cumf_dask.data.assemble import read_bands
 from cumf_dask.data.bands import init_store
 from cumf_dask.data.duplicates import resolve_duplicates
@@ -76,13 +76,15 @@ def test_round_trip_both_orientations(tmp_path, ratings, tiles):
     assert store.stats["mean"] == pytest.approx(vals.mean(), rel=1e-6)
 
 
-@pytest.mark.parametrize("tiles", [(7, 3), (1000, 1000)])
-def test_blocks_are_exact_submatrices(tmp_path, ratings, tiles):
+@pytest.mark.parametrize(("tiles", "threads"), [((7, 3), 1), ((7, 3), 3), ((1000, 1000), 1)])
+def test_blocks_are_exact_submatrices(tmp_path, ratings, tiles, threads):
+    """Blocks cut inside bands and tiles, built on one thread or placed band by band on
+    several (each band's place known once those before it are cut)."""
     rows, cols, vals = ratings
     store = tiled_store(tmp_path, ratings, tiles)
     want = dense(rows, cols, vals, (M, N))
     for (r0, r1), (c0, c1) in [((0, M), (0, N)), ((3, 50), (11, 12)), ((100, 130), (0, 33))]:
-        block = store.read_block("row", (r0, r1), (c0, c1))
+        block = store.read_block("row", (r0, r1), (c0, c1), threads=threads)
         got = np.zeros((r1 - r0, c1 - c0))
         for u in range(block.n_rows):
             lo, hi = block.indptr[u], block.indptr[u + 1]
@@ -650,6 +652,26 @@ def test_a_targets_lookahead_bounds_the_arrays_decoded_ahead(tmp_path, lookahead
         bands.slice(i)
     with pytest.raises(StoreError, match="fails its checksum"):
         bands.slice(3)
+
+
+def test_a_damaged_band_inside_a_block_is_its_error_on_any_thread_count(tmp_path):
+    """A band that fails its checksum, or decodes to values out of range, in the middle of
+    a block placed band by band is that band's StoreError (never a hang: the bands after it
+    wait for its place), on one thread or several."""
+    m, n = 600, 50
+    row, col, val = random_ratings(m, n, 0.2, seed=5)
+    url = str(tmp_path / "s.zarr")
+    store = build_store(url, row, col, val, (m, n), tile_rows=64, tile_cols=16)
+    _flip(_shard(url, "by_row/3/val"), 40)
+    for threads in (1, 3):
+        with pytest.raises(StoreError, match=r"by_row/3/val.*fails its checksum"):
+            store.read_block("row", (0, m), (0, n), threads=threads)
+    bands = read_bands(store, "row", (0, m), (0, n), "train", threads=2)
+    sound = [bands.slice(i) for i in range(3)]
+    sound[1].minor[0] = n  # a column out of range, as a reader bug would decode it
+    damaged = Bands("s", (0, m), (0, n), 64, m, n, bands.sizes[:3], sound.__getitem__)
+    with pytest.raises(StoreError, match=r"s/1: damaged store: entries out of range"):
+        block_on_host(damaged, threads=2)
 
 
 def test_a_failed_read_job_is_raised_after_the_others_have_run():

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..blocks import Bands, Block, block_on_host
 from ..checks import check_choice
-from ..data.shards import HOST, Target
+from ..data.shards import HOST_BANDS, Target
 from .objective import UpdateSpec, as_spec, confidence_of
 
 PRECISIONS = ("float32", "bfloat16")  # storage of the fixed factor in the Gram build
@@ -99,7 +99,7 @@ class Backend(ABC):
     def decode_target(self) -> Target:
         """Where a block's bands are decoded for :meth:`block_from_bands` (the memory of
         the arrays it is handed): host memory here."""
-        return HOST
+        return HOST_BANDS
 
     def block_from_bands(self, bands: Bands, threads: int = 1) -> Block:
         """The CSR block of a store's decoded bands (:mod:`cumf_dask.data.assemble`), in

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..blocks import Bands, BandSlice
 from .integrity import check_ptr, entry_requests, ptr_request
-from .shards import HOST, Target
+from .shards import HOST_BANDS, Target
 
 if TYPE_CHECKING:
     from .store import Orientation, RatingsStore, Split
@@ -30,7 +30,7 @@ def read_bands(
     cols: tuple[int, int],
     split: Split = "train",
     threads: int = 1,
-    target: Target = HOST,
+    target: Target = HOST_BANDS,
 ) -> Bands:
     """Start decoding every band range the block overlaps on `threads` threads into
     `target`'s arrays (NumPy by default), in band order, and return at once:
@@ -49,15 +49,16 @@ def read_bands(
     checked = [store.checked_band(orient, split, b) for b in bands]
     ptrs = store.read([ptr_request(path, crcs) for path, _, crcs in checked], threads)
     n_tiles = math.ceil(n_minor / t_minor)
-    requests = []
+    requests, sizes = [], []
     for b, ptr, (path, nnz, crcs) in zip(bands, ptrs, checked, strict=True):
         check_ptr(store, path, ptr, n_tiles, nnz, f"{orient} band {b} ({split})")
         requests += entry_requests(path, int(ptr[t0]), int(ptr[t1]), nnz, crcs)
+        sizes.append(int(ptr[t1] - ptr[t0]))
     reading = store.start(requests, threads, target)
 
     def decoded(i: int) -> BandSlice:
         b = bands[i]
         return BandSlice(b, b * t_major, *(reading.get(3 * i + k) for k in range(3)))
 
-    return Bands(f"{store.url}/{group}", rows, cols, t_major, n_major, n_minor, len(bands), decoded,
+    return Bands(f"{store.url}/{group}", rows, cols, t_major, n_major, n_minor, sizes, decoded,
                  store.ensure_same_build)  # fmt: skip

@@ -84,9 +84,11 @@ class Target(Protocol):
 
 
 class HostTarget:
-    """NumPy arrays in host memory, decoded in place, every array at once."""
+    """NumPy arrays in host memory, decoded in place: every array at once, or `lookahead`
+    bytes ahead of the consumer."""
 
-    lookahead = None
+    def __init__(self, lookahead: int | None = None):
+        self.lookahead = lookahead
 
     def empty(self, size: int, dtype: np.dtype) -> np.ndarray:
         return np.empty(size, dtype)
@@ -99,6 +101,10 @@ class HostTarget:
 
 
 HOST = HostTarget()
+#: a block's bands, decoded at most this many bytes ahead of the thread placing them: a load
+#: holds the block and a few bands, not all the block's bands decoded beside it
+#: (:func:`~cumf_dask.blocks.block_on_host`)
+HOST_BANDS = HostTarget(lookahead=1 << 26)
 
 
 def _damaged(path: str, what: str) -> StoreError:
@@ -490,5 +496,5 @@ def read(requests: Sequence[Request], threads: int = 1) -> list[np.ndarray]:
     return [reading.get(k) for k in range(len(reading))]
 
 
-__all__ = ["HOST", "Expect", "HostTarget", "Reading", "Request", "Target", "Unsupported",
-           "layout", "read", "start", "supported"]
+__all__ = ["HOST", "HOST_BANDS", "Expect", "HostTarget", "Reading", "Request", "Target",
+           "Unsupported", "layout", "read", "start", "supported"]

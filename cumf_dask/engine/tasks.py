@@ -18,7 +18,7 @@ from ..backend import get_backend
 from ..backend.objective import UpdateSpec
 from ..blocks import Block, select_columns
 from ..data.assemble import read_bands
-from ..data.shards import HOST
+from ..data.shards import HOST_BANDS
 from ..data.store import Orientation, RatingsStore, Split
 from ..errors import out_of_memory_as
 from ..factors import init_factor
@@ -46,7 +46,7 @@ def load_block(
     in the backend's host memory (pinned on a GPU: each use copies it over at full speed).
     `after`: the task this read waits for (bounds a streamed plan's read-ahead); unused."""
     be = get_backend(backend)
-    target = HOST if host else be.decode_target()
+    target = HOST_BANDS if host else be.decode_target()
     bands = read_bands(store, orient, rows, cols, split, threads, target)
     return be.host_block(bands, threads) if host else be.block_from_bands(bands, threads)
 
