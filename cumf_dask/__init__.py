@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         CumfError,
         CumfWarning,
         DeviceMemoryError,
+        HostMemoryError,
         IngestError,
         NotFittedError,
         NumericalError,
@@ -41,8 +42,9 @@ _HOMES = {
     "load_config": ".config",
     "make_plan": ".engine.plan",
     **dict.fromkeys(
-        ["ConfigError", "CumfError", "CumfWarning", "DeviceMemoryError", "IngestError",
-         "NotFittedError", "NumericalError", "PlanError", "StoreError", "WorkerLostError"],
+        ["ConfigError", "CumfError", "CumfWarning", "DeviceMemoryError", "HostMemoryError",
+         "IngestError", "NotFittedError", "NumericalError", "PlanError", "StoreError",
+         "WorkerLostError"],
         ".errors",
     ),
 }  # fmt: skip
@@ -54,6 +56,7 @@ __all__ = [
     "CumfError",
     "CumfWarning",
     "DeviceMemoryError",
+    "HostMemoryError",
     "ImplicitALS",
     "IngestError",
     "NotFittedError",

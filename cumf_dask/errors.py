@@ -47,6 +47,11 @@ class DeviceMemoryError(CumfError, MemoryError):
     """A worker (GPU or CPU) ran out of memory; the message says how to plan smaller."""
 
 
+class HostMemoryError(DeviceMemoryError):
+    """A GPU worker could not lock (pin) host memory; the message says how to keep R and the
+    factors off host memory."""
+
+
 class NumericalError(CumfError, ArithmeticError):
     """Training produced non-finite factors (NaN or inf); the message names the iteration."""
 
@@ -84,8 +89,10 @@ def _cuda_status(exc: BaseException) -> int | None:
 
 
 @contextmanager
-def out_of_memory_as(what: str, fix: str) -> Iterator[None]:
-    """Turn running out of memory while doing `what` into one DeviceMemoryError naming `fix`.
+def out_of_memory_as(
+    what: str, fix: str, kind: type[DeviceMemoryError] = DeviceMemoryError
+) -> Iterator[None]:
+    """Turn running out of memory while doing `what` into one error of `kind` naming `fix`.
 
     The error carries no chain: Dask pickles a task's error with its __context__, and an
     allocator's error need not unpickle (the client would get a bare Exception instead)."""
@@ -96,7 +103,7 @@ def out_of_memory_as(what: str, fix: str) -> Iterator[None]:
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
-        error = DeviceMemoryError(f"a worker ran out of memory {what} ({exc}); {fix}")
+        error = kind(f"a worker ran out of memory {what} ({exc}); {fix}")
         try:
             raise error from None
         finally:

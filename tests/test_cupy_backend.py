@@ -613,9 +613,9 @@ def test_pooled_host_memory_is_reused_by_exact_size_once_unused(gpu):
     """A factor's batches in host memory come back every half-step with the same sizes: the
     page-locked memory of one that is gone is reused (not rounded up to a power of two),
     never while a view of it is alive."""
-    from cumf_dask.backend.cupy_backend import pinned_empty
+    from cumf_dask.backend.cupy_backend import _PINNED, pinned_empty
 
-    gpu.release_host_memory()
+    gpu.release_memory()
     first = pinned_empty((1000, 7), np.float32, pooled=True)
     address = first.ctypes.data
     view = first[10:20]
@@ -627,8 +627,35 @@ def test_pooled_host_memory_is_reused_by_exact_size_once_unused(gpu):
     assert third.ctypes.data == address
     other = pinned_empty((1000, 8), np.float32, pooled=True)
     assert other.ctypes.data not in (address, second.ctypes.data)
-    del second, third, other
-    gpu.release_host_memory()
+    del second, third
+    gpu.release_memory()  # a fit ends while one lives on (a model's factor piece)
+    del other
+    assert not _PINNED._free  # it went back to the system, not to the pool
+
+
+def test_a_fits_end_lets_go_of_its_last_block_and_the_cached_memory(gpu):
+    """The last block a worker retires (its kernels were still queued) and what CuPy's
+    device pool keeps cached are given back when a fit ends, whatever the blocks' tier."""
+    import weakref
+
+    import cupy
+
+    rows, cols, vals = random_ratings(3000, 500, 0.3, seed=8)
+    block = gpu.block_to_device(coo_to_block(rows, cols, vals, 0, 0, 3000, 500))
+    gone, size = weakref.ref(block), sum(a.nbytes for a in (block.indices, block.values))
+    gpu.update(block, gpu.asarray(np.ones((500, 8), np.float32)),
+               np.bincount(rows, minlength=3000), 0.05)  # fmt: skip
+    busy = cupy.ones((8192, 8192), cupy.float32)
+    busy @ busy  # ~20 ms of queued work: the retire finds the block's kernels not yet ended
+    gpu.retire(block)
+    del block
+    cupy.cuda.Device().synchronize()
+    assert gone() is not None  # kept by the retire: no later one looked again
+    pool = cupy.get_default_memory_pool()
+    held = pool.total_bytes()
+    gpu.release_memory()
+    assert gone() is None and not gpu._retired
+    assert pool.total_bytes() <= held - size  # its memory went back to the device
 
 
 def test_staged_copy_is_kept_until_the_kernels_that_read_it_end(gpu, cpu):
@@ -716,19 +743,36 @@ def test_a_gpu_nan_stays_nan_in_bfloat16_rows(gpu):
     np.testing.assert_array_equal(widened.view(np.uint32), host.view(np.uint32))
 
 
+def test_a_bfloat16_fit_compiles_no_float32_kernels(monkeypatch):
+    """The solve of a bfloat16 fit (long rows, p > 1) asked for the float32 Gram, update
+    and tensor-core kernels too: eight compiles that never ran, under the compile lock."""
+    from cumf_dask.backend import cupy_backend
+
+    asked, real = [], cupy_backend.kernels
+
+    def kernels(*args, **kwargs):
+        asked.append(args[3])  # the element type
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cupy_backend, "kernels", kernels)
+    cupy_backend.CupyBackend(precision="bfloat16").prepare(32)  # rehearses a long row too
+    assert set(asked) == {"bf16"}
+
+
 def test_page_locked_memory_running_out_is_a_device_memory_error():
     """cudaHostAlloc's failure (CUDARuntimeError, cudaErrorMemoryAllocation) was re-raised as
-    it was: a traceback and exit 1 instead of DeviceMemoryError and exit 4."""
+    it was: a traceback and exit 1 instead of DeviceMemoryError and exit 4. It is a
+    HostMemoryError: the plan suggested for it keeps R and the factors off host memory."""
     import cupy as cp
 
     from cumf_dask.backend.cupy_backend import pinned_empty
-    from cumf_dask.errors import is_out_of_memory
+    from cumf_dask.errors import HostMemoryError, is_out_of_memory
 
     with pytest.raises(cp.cuda.runtime.CUDARuntimeError) as raw:
         cp.cuda.PinnedMemory(1 << 50)  # 1 PiB: fails at once, locks nothing
     assert is_out_of_memory(raw.value)
     for pooled in (False, True):
-        with pytest.raises(DeviceMemoryError, match=r"page-locked host memory.*plan\.blocks"):
+        with pytest.raises(HostMemoryError, match=r"page-locked host memory.*plan\.blocks"):
             pinned_empty((1 << 50,), np.uint8, pooled=pooled)
 
 

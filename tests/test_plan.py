@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from cumf_dask.backend.base import split_bytes
 from cumf_dask.blocks import Bands, BandSlice, block_on_host
 from cumf_dask.config import HalfStepConfig, PlanConfig
 from cumf_dask.engine.costs import RATES, half_step_cost
@@ -137,6 +138,24 @@ def test_no_block_has_2_31_columns():
                      np.ones(2, np.float32))  # fmt: skip
     with pytest.raises(PlanError, match=r"2,147,483,658 columns .* int32"):
         block_on_host(Bands("x", (0, 1), (0, wide), 1, 1, wide, [2], lambda i: band))
+
+
+def test_the_tensor_core_split_of_the_fixed_factor_is_counted():
+    """The GPU's tensor-core Gram (float32 factors, explicit ratings, f <= 111) reads the
+    fixed factor's part split into float16 halves, a copy as large as the part: a fixed
+    factor that fits a worker alone but not beside its split is partitioned. A bfloat16 or
+    implicit fit has no split; the NumPy backend never does."""
+    args = (400_000_000, 1000, 2_000_000_000, 16, 1, 80 * GB)  # X: 25.6 GB, split 38.4 GB
+    plan = make_plan(*args, backend="cupy")
+    cols = max(np.diff(plan.theta.col_bounds))
+    assert plan.tensor_cores and plan.theta.p > 1
+    assert plan.theta.memory["fixed split"] == split_bytes(cols, 16) == cols * 24 * 4
+    without = make_plan(*args, backend="cupy", tensor_cores=False)
+    assert not without.tensor_cores and without.theta.p == 1
+    assert "fixed split" not in without.theta.memory
+    wide = make_plan(*args[:3], 112, *args[4:], backend="cupy")  # above the tensor cores' f
+    assert not wide.tensor_cores and "fixed split" not in wide.x.memory
+    assert "fixed split" not in make_plan(*args, backend="numpy").x.memory
 
 
 def _gpu_plan(host_gb, held_out=0, **cfg):

@@ -309,6 +309,33 @@ def test_the_plan_that_fits_changes_a_forced_q_too(tmp_path):
     assert (rerun.x.q, rerun.theta.q) == (sides["x"].q, sides["theta"].q)
 
 
+def test_host_memory_that_cannot_be_locked_gets_a_plan_off_host(tmp_path, monkeypatch):
+    """Page-locked host memory running out (R or a factor in pinned host memory): the plan
+    suggested keeps R in the store and both factors on the GPUs, in the same GPU budget; a
+    smaller GPU budget would only put more in host memory."""
+    from types import SimpleNamespace
+
+    from cumf_dask.config import PlanConfig
+    from cumf_dask.engine import fit
+    from cumf_dask.engine.plan import make_plan
+
+    monkeypatch.setattr(fit, "host_memory", lambda client, backend: 10**9)  # no cluster here
+    rows, cols, vals = random_ratings(2000, 300, 0.05, seed=4)
+    store = build_store(str(tmp_path / "r.zarr"), rows, cols, vals, shape=(2000, 300))
+    counts = store.counts("row"), store.counts("col")
+    user = PlanConfig(blocks="host", factors="host")
+    plan = make_plan(2000, 300, store.nnz, 16, 1, 10**8, *counts, user, "cupy",
+                     host_memory=10**9)  # fmt: skip
+    assert plan.blocks == "host" and plan.host_factor is not None
+    advice = fit.suggest_plan(SimpleNamespace(store=store, plan=plan, client=None), 10**8,
+                              plan.budget, user, off_host=True)  # fmt: skip
+    told = dict(re.findall(r"--set plan\.(\S+)=(\S+)", advice))
+    assert told == {"blocks": "store", "factors": "device"}, advice
+    rerun = make_plan(2000, 300, store.nnz, 16, 1, 10**8, *counts,
+                      PlanConfig(blocks="store", factors="device"), "cupy")  # fmt: skip
+    assert rerun.blocks == "store" and rerun.host_factor is None
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and cupy")
 def test_gpu_out_of_memory_mid_run_gives_a_plan_that_fits(clients, tmp_path):
@@ -326,6 +353,8 @@ def test_gpu_out_of_memory_mid_run_gives_a_plan_that_fits(clients, tmp_path):
     store = build_store(str(tmp_path / "big.zarr"), rows, cols, vals, shape=(50_000, 500))
     client = clients(1)  # in-process: the worker's pool is this process's
     limit = cupy.get_default_memory_pool().get_limit()
+    gc.collect()  # the limit bounds what the pool takes from the GPU: what earlier tests left
+    cupy.get_default_memory_pool().free_all_blocks()  # cached would be handed out beyond it
     cupy.get_default_memory_pool().set_limit(size=32 << 20)
     try:
         fits = r"a worker ran out of memory .* a plan that fits [\d.]+MB per worker is .*--set "

@@ -44,6 +44,20 @@ from .objective import UpdateSpec, as_spec, confidence_of
 PRECISIONS = ("float32", "bfloat16")  # storage of the fixed factor in the Gram build
 MAX_F = 2032  # the GPU backend's most factors: F <= 2040, the Gram bins (float32: three of 1+
 # rows) fit 48 KB of shared memory; here (no CuPy import) for the plan to check it
+TILE = 8  # the GPU kernels' register tile edge
+MAX_TENSOR_CORE_F = 111  # f up to this (F <= 112): the GPU's Gram on the tensor cores, where
+# the factor is float32 and the ratings explicit (kernels/tensor_gram.cuh)
+
+
+def padded_size(f: int) -> int:
+    """F: the f factor columns plus the rating column, rounded up to whole tiles."""
+    return (f + TILE) // TILE * TILE
+
+
+def split_bytes(rows: int, f: int) -> int:
+    """GPU bytes of the copy of `rows` fixed-factor rows the tensor-core Gram reads: each
+    row's F values as two float16 halves (hi, lo)."""
+    return rows * padded_size(f) * 4
 
 
 class Backend(ABC):
@@ -88,8 +102,9 @@ class Backend(ABC):
         """`x` kept in host memory (``plan.factors: host``); here the host is the device."""
         return np.asarray(x)
 
-    def release_host_memory(self) -> None:  # noqa: B027 - a hook
-        """Give cached host memory back (page-locked memory kept for reuse); no-op here."""
+    def release_memory(self) -> None:  # noqa: B027 - a hook
+        """Give the memory kept for reuse back when a fit ends (the GPU's cached device and
+        page-locked memory); no-op here."""
 
     def concatenate(self, parts: Sequence[Any], on_device: bool = False) -> Any:
         """Row pieces of a factor joined, in the memory they are in (`on_device`: on the

@@ -69,13 +69,12 @@ import numpy as np
 from ..blocks import Bands, Block, block_on_host, check_columns
 from ..compat import import_cupy
 from ..data.sampling import bin_counts
-from ..errors import is_out_of_memory, out_of_memory_as
-from .base import MAX_F, Backend, round_bfloat16
+from ..errors import HostMemoryError, is_out_of_memory, out_of_memory_as
+from .base import MAX_F, MAX_TENSOR_CORE_F, TILE, Backend, padded_size, round_bfloat16
 from .objective import UpdateSpec, as_spec, batched_cg, gram_weights, regularization, symmetric
 
 cp = import_cupy()
 
-TILE = 8  # register tile edge (kernels' TILE)
 MAX_FUSED_F = 256  # f up to this: fused update and own solve (one register tile per thread)
 MAX_THREADS = 576  # one tile per thread up to F = 264 (33 x 34 / 2 = 561 tiles)
 BATCH_BYTES = 1 << 30  # A of a row batch when rows go through hermitian + solve
@@ -86,8 +85,6 @@ ROW_UNROLL = 4  # ratings row_update_kernel reads at a time (1, 2, 4: within 5% 
 DUAL_SIZES = (24, 40, 56, 72)  # dual_update_kernel's sizes: rows with fewer ratings than one,
 # by the push-through identity (an n x n system), where it is below F (benchmarks/gpu_notes.md)
 MAX_DUAL = 96  # the largest dual size (its tiles fill three warps)
-MAX_TENSOR_CORE_F = 111  # f up to this (F <= 112): hermitian's Gram on the tensor cores, where
-# the factor is float32 and the ratings explicit (kernels/tensor_gram.cuh)
 REHEARSAL_ROWS = (0, 5, 20, 36, 52, 68, 150)  # ratings per row of prepare's rehearsal block
 STATIC_SMEM = 48 * 1024  # shared memory a kernel may use without opting in
 STAGING_BYTES = 8 << 20  # page-locked buffer of a decoding thread (a 1M-entry int64 chunk)
@@ -103,11 +100,6 @@ _PINNED_FIX = ("keep the blocks and factors off host memory (plan.blocks: device
                "plan.factors: device) or lower cluster.memory_limit; a container may also cap "
                "locked memory (ulimit -l)")  # fmt: skip
 _ELEMENT = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}  # kernels' T by dtype
-
-
-def padded_size(f: int) -> int:
-    """F: the f factor columns plus the rating column, rounded up to whole tiles."""
-    return (f + TILE) // TILE * TILE
 
 
 def _tiles(padded: int) -> int:
@@ -326,10 +318,12 @@ class _PinnedBlocks:
     would pay for page-locking each time (about a second per GB). Not CuPy's pinned pool: it
     rounds every request up to a power of two (a factor's 1.1 GB batch took 2 GB) and shares
     those sizes with its own transfer buffers. A block is reused once every view of the
-    array it backed is gone."""
+    array it backed is gone, and only by the fit it was made for: one that outlives a
+    :meth:`release` (a model's factor pieces) goes back to the system when it goes."""
 
     def __init__(self) -> None:
         self._free: dict[int, list[Any]] = {}
+        self.generation = 0  # raised by each release: memory of an older one is not kept
         self._lock = threading.RLock()  # a finalizer may run inside take() (a collection)
 
     def take(self, nbytes: int) -> Any:
@@ -346,13 +340,20 @@ class _PinnedBlocks:
                 memory = cp.cuda.PinnedMemory(nbytes)
         return memory
 
-    def give_back(self, nbytes: int, memory: Any) -> None:
+    def give_back(self, nbytes: int, memory: Any, generation: int) -> None:
         with self._lock:
-            self._free.setdefault(nbytes, []).append(memory)
+            if generation == self.generation:
+                self._free.setdefault(nbytes, []).append(memory)
 
     def clear(self) -> None:
         with self._lock:
             self._free.clear()
+
+    def release(self) -> None:
+        """Let go of what is kept, and of what is in use now once it is let go."""
+        with self._lock:
+            self._free.clear()
+            self.generation += 1
 
 
 _PINNED = _PinnedBlocks()
@@ -363,16 +364,17 @@ def pinned_empty(shape: tuple[int, ...], dtype: Any, pooled: bool = False) -> np
 
     By default its memory goes back to the system when the array is dropped (kept, a fit's
     host-tier blocks stayed in the worker's resident memory after it). `pooled`: kept for
-    the next array of the same size (:class:`_PinnedBlocks`); ``release_host_memory``
-    gives what is kept back."""
+    the next array of the same size (:class:`_PinnedBlocks`); ``release_memory`` gives
+    what is kept back."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if nbytes == 0:
         return np.empty(shape, dtype)
-    with out_of_memory_as(f"locking {nbytes:,} bytes of page-locked host memory", _PINNED_FIX):
+    with out_of_memory_as(f"locking {nbytes:,} bytes of page-locked host memory", _PINNED_FIX,
+                          HostMemoryError):  # fmt: skip
         memory = _PINNED.take(nbytes) if pooled else cp.cuda.PinnedMemory(nbytes)
     array = np.ndarray(shape, dtype, cp.cuda.PinnedMemoryPointer(memory, 0))
     if pooled:
-        weakref.finalize(array, _PINNED.give_back, nbytes, memory)
+        weakref.finalize(array, _PINNED.give_back, nbytes, memory, _PINNED.generation)
     return array
 
 
@@ -509,14 +511,15 @@ class CupyBackend(Backend):
             cp.ascontiguousarray(x).get(out=out)
         return out
 
-    def release_host_memory(self) -> None:
-        """Give the page-locked memory kept for reuse back to the system (and let go of the
-        staged blocks whose kernels have ended: a fit's last ones are not followed by more)."""
-        _PINNED.clear()
-        cp.get_default_pinned_memory_pool().free_all_blocks()
+    def release_memory(self) -> None:
+        """Give the memory kept for reuse back when a fit ends: the blocks retired whose
+        kernels have ended (a fit's last ones are not followed by more), the page-locked
+        host memory, and the device memory CuPy's pool keeps cached (every stream's), so
+        neither a next fit nor another user of the GPU finds it taken."""
         self._drop_retired()
-        if self._copies is not None:  # the staged copies' device memory kept by CuPy's pool
-            cp.get_default_memory_pool().free_all_blocks(stream=self._copies)
+        _PINNED.release()
+        cp.get_default_pinned_memory_pool().free_all_blocks()
+        cp.get_default_memory_pool().free_all_blocks()
 
     def concatenate(self, parts: Sequence[Any], on_device: bool = False) -> Any:
         """Row pieces joined on the device, or in pinned host memory when they are there
@@ -578,7 +581,7 @@ class CupyBackend(Backend):
         then rehearse an update and its squared error on a tiny block with rows of every
         path (empty, short, fused, split): with an empty kernel cache, the CuPy kernels of
         the update's bookkeeping then compile while the blocks load instead of after."""
-        self._kernels(f, "bf16" if self.precision == "bfloat16" else "float", spec)
+        self._kernels(f, self._element, spec)
         rng = np.random.default_rng(0)
         degrees = np.array([*REHEARSAL_ROWS, self.long_row + 1])
         nnz, n_cols = int(degrees.sum()), 2 * f
@@ -613,6 +616,11 @@ class CupyBackend(Backend):
         while not done.done:
             time.sleep(2e-4)
         return host == 0
+
+    @property
+    def _element(self) -> str:
+        """The Gram kernels' element type of this backend's fixed factors."""
+        return "bf16" if self.precision == "bfloat16" else "float"
 
     def prepare_fixed(self, fixed: Any) -> Any:
         """float32: as given; bfloat16: stored as bfloat16 bits (``bfloat16_rows``)."""
@@ -893,7 +901,7 @@ class CupyBackend(Backend):
         lam, weighted = np.float32(spec.lam), np.int32(spec.weighted)
         if f <= MAX_FUSED_F:
             threads, _ = launch_shape(padded_size(f))
-            found = self._kernels(f, spec=spec)
+            found = self._kernels(f, self._element, spec)  # (the fit's: no others compiled)
             if spec.cg:
                 args = (A, np.int32(packed), B, np.int32(f), counts, lam, weighted, gram0, x0,
                         np.int32(spec.cg_steps), X)  # fmt: skip

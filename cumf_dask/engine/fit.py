@@ -54,6 +54,7 @@ from ..errors import (
     CumfError,
     CumfWarning,
     DeviceMemoryError,
+    HostMemoryError,
     NumericalError,
     PlanError,
     StoreError,
@@ -263,6 +264,7 @@ def fit(
                 store.m, store.n, store.nnz, params.factors, count, memory, rows, cols,
                 config, backend, link=link, host_memory=host_memory(client, backend),
                 held_out=store.nnz_test if evaluate and store.has_test else 0,
+                tensor_cores=params.precision == "float32" and params.kind == "explicit",
             )  # fmt: skip
 
         def replan(now: list[str]) -> Plan:
@@ -653,6 +655,9 @@ def _out_of_memory(
     threshold, less the process's own memory), divided by that factor and by 2 for margin.
     """
     fraction = _dask_fraction("pause", 0.8)
+    if isinstance(exc, HostMemoryError):  # not the device's: R and the factors off the host
+        off_host = suggest_plan(engine, memory, engine.plan.budget, plan_config, off_host=True)
+        return HostMemoryError(f"{exc}; {off_host}")
     if isinstance(exc, DeviceMemoryError):  # a GPU (or CPU) allocation failed in a task
         what, room = str(exc), _device_capacity(engine) or memory
         used = room
@@ -690,12 +695,17 @@ def _dask_fraction(name: str, default: float) -> float:
 
 
 def suggest_plan(
-    engine: SUALSEngine, memory: int, budget: int, plan_config: PlanConfig | None
+    engine: SUALSEngine, memory: int, budget: int, plan_config: PlanConfig | None,
+    off_host: bool = False,
 ) -> str:
     """'a plan that fits B per worker: ...; run again with --set plan.memory_budget=B', and
-    whatever else the user forced that the plan that fits needs changed."""
+    whatever else the user forced that the plan that fits needs changed. `off_host` (host
+    memory could not be locked): the plan with R and both factors off host memory, in the
+    same budget."""
     store, plan = engine.store, engine.plan
     config = plan_config or PlanConfig()
+    if off_host:
+        config = replace(config, blocks="store", factors="device")
     mb = f"{max(budget, 0) / 1e6:.1f}MB"
     if budget < 1e6:
         return (
@@ -709,9 +719,12 @@ def suggest_plan(
             store.m, store.n, store.nnz, plan.x.f, plan.workers, budget, store.counts("row"),
             store.counts("col"), replace(kept, memory_budget=str(budget)), plan.backend,
             host_memory=host_memory(engine.client, plan.backend), held_out=plan.held_out,
+            tensor_cores=plan.tensor_cores,
         )  # fmt: skip
 
-    free = PlanConfig(reduction=config.reduction, groups=config.groups, headroom=config.headroom)
+    free = PlanConfig(reduction=config.reduction, groups=config.groups, headroom=config.headroom,
+                      blocks=config.blocks if off_host else "auto",
+                      factors=config.factors if off_host else "auto")  # fmt: skip
     forced = _forced_dims(config)
     fits = None
     for kept in (config, free) if forced else (free,):  # the user's p and q kept if they fit
@@ -720,20 +733,26 @@ def suggest_plan(
             break
         except PlanError:
             continue
+    if fits is None and off_host:
+        return (
+            f"no plan keeps R and the factors off host memory in {mb} per worker: raise the "
+            "limit on locked memory, or use more workers"
+        )
     if fits is None:
         return (
             f"no plan fits {mb} per worker: give the workers more memory "
             "(cluster.memory_limit), use more workers, or fewer factors"
         )
-    changed: dict[str, Any] = {"memory_budget": mb}
+    changed: dict[str, Any] = {"blocks": "store", "factors": "device"} if off_host else {
+        "memory_budget": mb}  # fmt: skip
     if kept is free:  # a half-step's own p or q overrides plan.p and plan.q
         for side, dim in itertools.product(("x", "theta"), forced):
             changed[f"{side}.{dim}"] = getattr(fits.half(side), dim)
     # a forced tier the plan that fits does not use must be changed too
-    if config.blocks not in ("auto", fits.blocks):
+    if config.blocks not in ("auto", fits.blocks) and not off_host:
         changed["blocks"] = fits.blocks
     factors = "host" if fits.host_factor else "device"
-    if config.factors not in ("auto", factors):
+    if config.factors not in ("auto", factors) and not off_host:
         changed["factors"] = factors
     where = "" if fits.blocks == "device" else ", R " + BLOCK_TIERS[fits.blocks]
     if fits.host_factor:

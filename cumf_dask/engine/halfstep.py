@@ -592,12 +592,13 @@ class SUALSEngine:
         self._ahead = self._read_ahead("update")
 
     def release(self) -> None:
-        """Let go of the resident blocks and counts held on the workers (and of the pinned
-        memory a factor in host memory was pooled in, and of staged blocks' copies)."""
+        """Let go of the resident blocks and counts held on the workers, and of the memory
+        the workers' backend keeps for reuse (GPU: the last blocks, cached device and
+        page-locked memory)."""
         self._resident.clear()
         self._ahead = self._read_ahead("update")
-        if self.plan.host_factor is not None or self.plan.blocks == "host":
+        if self.plan.backend == "cupy":
             present = workers_info(self.client)  # a lost worker's address would hold
             live = [w for w in self.place.workers if w in present]  # client.run 30 s
             if live:
-                self.client.run(tasks.release_host_memory, self.backend, workers=live)
+                self.client.run(tasks.release_memory, self.backend, workers=live)

@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..backend.base import MAX_F
+from ..backend.base import MAX_F, MAX_TENSOR_CORE_F, split_bytes
 from ..blocks import MAX_COLS
 from ..config import (
     BlockTier,
@@ -135,6 +135,7 @@ class Plan:
     link_measured: bool = False  # measured on the cluster, else assumed from the transport
     held_out: int = 0  # held-out ratings whose blocks are kept too (the test RMSE's)
     host_factor: Side | None = None  # the factor kept in pinned host memory (None: none)
+    tensor_cores: bool = False  # the GPU's tensor-core Gram counted (make_plan's tensor_cores)
 
     def block_bytes(self) -> int:
         """Bytes of rating blocks per worker (:func:`block_bytes`)."""
@@ -291,6 +292,7 @@ def balanced_bounds(counts: np.ndarray | int, parts: int) -> list[int]:
 def _memory(
     rows: int, cols: int, gathered: int, block: int, n_rows: int, f: int, p: int, fused: bool,
     parts_outer: bool = False, blocks: BlockTier = "device", fixed_on_host: bool = False,
+    tensor_cores: bool = False,
 ) -> dict:
     """Bytes per worker by item, for a batch of `rows` solved rows, a part of `cols` fixed
     rows and a block of `block` ratings (the largest of each: see :func:`_half_step`) of a
@@ -304,7 +306,9 @@ def _memory(
     ``host``, a block copied ahead (:func:`staged`) is on the device beside the one
     computing and the one before, whose kernels may still run.
     `fused` (the GPU's kernels): no f x f A at all; the fused update solves on chip, the
-    Gram kernels write packed sums and the solve reads them as they are."""
+    Gram kernels write packed sums and the solve reads them as they are. `tensor_cores`
+    (the GPU's Gram on its tensor cores): a task also holds its fixed part split into the
+    float16 halves those read."""
     block *= RATING_BYTES
     if p == 1 or (fixed_on_host and not parts_outer):
         fixed = cols
@@ -316,6 +320,8 @@ def _memory(
         "R block": block,
         "B": rows * f * BYTES,
     }
+    if tensor_cores:
+        est["fixed split"] = split_bytes(cols, f)
     if blocks == "store":
         est["R block ahead"] = block
     if blocks == "host" and staged(block):
@@ -354,11 +360,13 @@ def _half_step(
     fixed_on_host: bool = False,
     seconds: Callable[[int, int], float] | None = None,
     blocks: BlockTier = "device",
+    tensor_cores: bool = False,
 ) -> HalfStepPlan:
     """Choose p and q for one half-step (paper's best practices), honouring forced values;
     `parts_outer`, `blocks`: see :func:`_memory`; `fixed_on_host`: the fixed factor is
     in host memory (``copied_in`` counts its bytes that cross to each device). Data
-    parallel, p starts where the fixed factor's part takes half the budget, and more parts
+    parallel (`tensor_cores`: see :func:`_memory`), p starts where the fixed factor's part
+    takes half the budget, and more parts
     are tried (:func:`_fastest_p`, by the predicted `seconds` of (p, q); without it, fewest
     blocks). A (p, q) is sized by its largest batch, part and block, as the bounds split
     them (ratings balanced, so skewed data has batches of many more rows than n_rows / q;
@@ -380,7 +388,7 @@ def _half_step(
             cols, col_share, gathered = col_shares.largest(p_, workers)
             block = math.ceil(nnz * row_share * col_share)
         return _memory(rows, cols, gathered, block, n_rows, f, p_, fused, parts_outer, blocks,
-                       fixed_on_host)  # fmt: skip
+                       fixed_on_host, tensor_cores)  # fmt: skip
 
     def fits(p_: int, q_: int) -> bool:
         if sum(memory(p_, q_, even=True).values()) >= budget:  # cheap, and rules out most
@@ -520,6 +528,7 @@ def make_plan(
     transport: str = "tcp",
     host_memory: int | None = None,
     held_out: int = 0,
+    tensor_cores: bool = True,
 ) -> Plan:
     """The plan for a whole iteration: update X (Theta fixed), then update Theta (X fixed).
 
@@ -531,6 +540,9 @@ def make_plan(
     assumes one for the `transport` ("tcp", "ucx", "inproc").
     `host_memory` is the smallest GPU worker's host memory limit (the ``host`` tier's room).
     `held_out`: the held-out ratings whose blocks the fit also keeps (for the test RMSE).
+    `tensor_cores`: the GPU may build Grams on its tensor cores (float32 factors of an
+    explicit model; they apply up to f = MAX_TENSOR_CORE_F), whose copy of the fixed
+    factor's part is counted.
     """
     config = config or PlanConfig()
     check_plan_config(config)  # a PlanConfig made in Python is checked as a file's plan is
@@ -546,6 +558,7 @@ def make_plan(
     if workers < 1:
         raise PlanError("the cluster has no workers; start some or check the scheduler address")
     usable = budget - (parse_size(config.headroom, budget) or 0)
+    split = backend == "cupy" and tensor_cores and f <= MAX_TENSOR_CORE_F
     rc = RowShares(m if row_counts is None else row_counts)
     cc = RowShares(n if col_counts is None else col_counts)
     sides = {"x": (m, n, rc, cc, config.x), "theta": (n, m, cc, rc, config.theta)}
@@ -586,7 +599,7 @@ def make_plan(
                 h = _half_step(side, rows, cols, nnz, f, workers, room, rc, cc, p=p, q=q,
                                fused=backend == "cupy", parts_outer=parts_outer,
                                fixed_on_host=fixed_on_host, seconds=seconds,
-                               blocks=blocks)  # fmt: skip
+                               blocks=blocks, tensor_cores=split)  # fmt: skip
                 if forced[side][0] is not None:  # (never an aligned alternative's p)
                     h.why = f"set by {p_keys[side]}"
                 return h
@@ -646,6 +659,7 @@ def make_plan(
         x=x, theta=theta, workers=workers, budget=budget, blocks=blocks,
         reduction=config.reduction, groups=groups, backend=backend, link=link_bw,
         link_measured=link is not None, held_out=held_out, host_factor=host_factor,
+        tensor_cores=split,
     )  # fmt: skip
 
 

@@ -368,9 +368,9 @@ def nbytes(arr: Any) -> int:
     return int(arr.nbytes)
 
 
-def release_host_memory(backend: str) -> None:
-    """Give the worker's cached host memory back (:meth:`Backend.release_host_memory`)."""
-    get_backend(backend).release_host_memory()
+def release_memory(backend: str) -> None:
+    """Give the worker's cached memory back (:meth:`Backend.release_memory`)."""
+    get_backend(backend).release_memory()
 
 
 def to_host(arr: Any, backend: str) -> np.ndarray:
