@@ -334,24 +334,20 @@ def _open(path: str | Path, expect_format: str, kind: str) -> tuple[Any, dict]:
             raise _damaged(path, kind, "its zarr.json (the group's metadata) is missing") from None
         left = interrupted_copies(where)
         if left:
+            from .records import how_to_resume
+
             raise StoreError(
                 f"{path}: no saved model or checkpoint here, but an interrupted save left "
                 f"complete copies beside it ({', '.join(left)}): rename the newest to "
                 f"{where.name}, or save again (that puts one back; a run's model: "
-                "`cumf-dask train CONFIG --resume`)"
+                f"{how_to_resume(where.parent)})"
             ) from None
         raise StoreError(f"{path}: no saved model or checkpoint here") from None
     except Exception as exc:
         raise _damaged(path, kind, f"its zarr.json cannot be read ({exc})") from None
     found = attrs.get("format")
     if found == CHECKPOINT_FORMAT and expect_format == MODEL_FORMAT:
-        run = where.parent.parent if where.parent.name == "checkpoints" else "runs/NAME-latest"
-        raise StoreError(
-            f"{path}: a training checkpoint (iteration {attrs.get('iteration')}), not a saved "
-            f"model: give the run folder ({run}) or its model.zarr; a run that stopped before "
-            "saving its model goes on from its checkpoints with `cumf-dask train CONFIG "
-            "--resume`"
-        )
+        raise _checkpoint_as_model(path, where, attrs)
     if kind == "model" and found not in (MODEL_FORMAT, CHECKPOINT_FORMAT):
         raise _not_a_model(path, _format_name(found))
     if found != expect_format or not attrs.get("complete"):
@@ -360,6 +356,18 @@ def _open(path: str | Path, expect_format: str, kind: str) -> tuple[Any, dict]:
             "was it written by cumf-dask, and did the write finish?"
         )
     return group, attrs
+
+
+def _checkpoint_as_model(path: Any, where: Path, attrs: dict) -> StoreError:
+    """A checkpoint given where a model goes: name its run folder, and how the run goes on."""
+    from .records import resume_advice
+
+    run = where.parent.parent
+    shown = run if where.parent.name == "checkpoints" else "runs/NAME-latest"
+    return StoreError(
+        f"{path}: a training checkpoint (iteration {attrs.get('iteration')}), not a saved "
+        f"model: give the run folder ({shown}) or its model.zarr; {resume_advice(run)}"
+    )
 
 
 def _format_name(found: Any) -> str:
@@ -455,13 +463,14 @@ def _check_arrays(path: Any, attrs: dict, arrays: dict, kind: str) -> None:
 
 def _damaged(path: Any, kind: str, detail: str) -> StoreError:
     """A damaged model or checkpoint, with the way on: --resume only where it restores it."""
-    from .records import resumable
+    from .records import how_to_resume, resumable
 
+    model = Path(local_path(path))
     if kind == "checkpoint":
         advice = "delete this checkpoint folder; resuming then uses the previous one"
-    elif resumable(Path(local_path(path))):
-        advice = ("train it again, or restore it from its run's checkpoints with `cumf-dask "
-                  "train CONFIG --resume`")  # fmt: skip
+    elif resumable(model):
+        advice = ("train it again, or restore it from its run's checkpoints: "
+                  f"{how_to_resume(model.parent)}")  # fmt: skip
     else:
         advice = "train it again"
     return StoreError(f"{path}: damaged {kind}: {detail}; {advice}")
@@ -586,6 +595,19 @@ class Checkpointer:
         except OSError:
             return None
         return text.strip() or None
+
+    def store_url(self) -> str | None:
+        """Where the store is that the checkpoint LATEST names was made on (its attrs'
+        ``data.url``), read without its factors; None when that cannot be read."""
+        name = self._pointer()
+        if name is None:
+            return None
+        try:
+            meta = json.loads((self.directory / name / "zarr.json").read_text())
+            url = meta["attributes"]["data"]["url"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return url if isinstance(url, str) else None
 
     def names(self) -> list[str]:
         """The checkpoints' folder names, newest first."""

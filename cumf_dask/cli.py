@@ -3,7 +3,8 @@
 Exit codes a script can rely on: 0 success; 2 bad usage or config; 3 bad data, store or
 model file (or an operating-system error no command worded); 4 no plan fits, or a worker
 or this machine ran out of memory; 130 interrupted; 143 terminated (SIGTERM, cleaned up as
-after a Ctrl-C); 1 anything else.
+after a Ctrl-C); 141 the reader of stdout exited first (``| head``: nothing more is printed);
+1 anything else.
 ``--json`` prints one JSON document on stdout and nothing else there (on any failure
 ``{"error": ..., "exit_code": ...}``); ``--quiet`` prints only errors. Both may come before
 or after the command. Progress bars and log lines go to stderr; bars only on a terminal.
@@ -38,7 +39,7 @@ from .errors import (
     PlanError,
     StoreError,
 )
-from .output import Output
+from .output import Output, discard_stdout
 
 EXIT = {
     ConfigError: 2,
@@ -49,6 +50,7 @@ EXIT = {
     PlanError: 4,
     DeviceMemoryError: 4,
 }
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: how a shell reports a writer whose reader went away
 PRESETS = "netflix, yahoomusic, hugewiki, sparkals, factorbird, facebook"
 # Dask's loggers whose errors and warnings the commands replace with their own one line
 WORKER_LOGGERS = ("distributed.worker", "distributed.worker.state_machine")
@@ -154,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cumf-dask",
         description="ALS matrix factorization on Dask, on CPUs and GPUs.",
         epilog="exit codes: 0 success, 2 bad usage or config, 3 bad data, store or model "
-        "file, 4 no plan fits or out of memory, 130 interrupted, 143 terminated (SIGTERM), 1 "
-        "anything else",
+        "file, 4 no plan fits or out of memory, 130 interrupted, 143 terminated (SIGTERM), 141 "
+        "the output's reader exited first (| head), 1 anything else",
         formatter_class=HelpFormatter,
     )
     _modes(parser, False)
@@ -221,11 +223,28 @@ def _warnings_as_log_lines(out: Output) -> Iterator[None]:
         else:
             shown(message, category, *args, **kwargs)
 
-    with warnings.catch_warnings():  # restores showwarning and the filters after
-        if not out.quiet:
+    with warnings.catch_warnings(), _env_default("PYTHONWARNINGS", "ignore", out.quiet):
+        if out.quiet:  # also the libraries' warnings, in worker processes too
+            warnings.simplefilter("ignore")
+        else:
             warnings.simplefilter("always", CumfWarning)
         warnings.showwarning = show
+        yield  # then the filters, showwarning and the environment are as they were
+
+
+@contextmanager
+def _env_default(name: str, value: str, when: bool) -> Iterator[None]:
+    """Environment variable `name` set to `value` while the command runs (`when`, and the
+    user has not set it), for the processes it starts; removed after, since main() may be
+    called from a longer-lived process (a notebook, the tests)."""
+    added = when and name not in os.environ
+    if added:
+        os.environ[name] = value
+    try:
         yield
+    finally:
+        if added:
+            os.environ.pop(name, None)
 
 
 class Terminated(KeyboardInterrupt):
@@ -301,7 +320,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
     code = _main(argv)
     if own:
-        sys.stdout.flush()
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader exited before the last of the output
+            discard_stdout()
+            code = code or SIGPIPE_EXIT
         sys.stderr.flush()
         signal.signal(signal.SIGINT, lambda signum, frame: os._exit(code))
     return code
@@ -316,9 +339,6 @@ def _main(argv: Sequence[str] | None) -> int:
         return 130
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # train's advice repeats it
-    if args.quiet:  # also the libraries' warnings, in worker processes too
-        warnings.simplefilter("ignore")
-        os.environ.setdefault("PYTHONWARNINGS", "ignore")
     out = Output(args.quiet, args.json)
     try:
         with _sigterm_as_interrupt(), _warnings_as_log_lines(out), _dask_logs(args.quiet):
@@ -337,6 +357,9 @@ def _main(argv: Sequence[str] | None) -> int:
         code = 143 if isinstance(exc, Terminated) else 130
         out.error("terminated (SIGTERM)" if code == 143 else "interrupted", code)
         return code
+    except BrokenPipeError:  # stdout's reader exited (`| head`): nothing went wrong here
+        discard_stdout()
+        return SIGPIPE_EXIT
     except OSError as exc:
         out.error(_os_error(exc, args.command), 3)
         return 3

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .config import Config, GenerateConfig, check_columns, load_config
-from .errors import ConfigError
+from .config import Config, GenerateConfig, check_columns, is_rating_store, load_config
+from .errors import ConfigError, IngestError
 from .output import Output, recommend_table, report_store, rmse_line
 
 QUICKSTART = Path(__file__).with_name("quickstart.yaml")
@@ -57,6 +57,11 @@ def cmd_generate(args: argparse.Namespace, out: Output) -> None:
 def cmd_ingest(args: argparse.Namespace, out: Output) -> None:
     from .data.ingest import ingest_file
 
+    if is_rating_store(args.file):
+        raise IngestError(
+            f"{args.file}: is a rating store already, not a ratings file: `cumf-dask info "
+            f"{args.file}` describes it, `cumf-dask train --store {args.file}` trains on it"
+        )
     columns = None
     if args.columns:
         names = [c.strip() for c in args.columns.split(",")]
@@ -257,6 +262,9 @@ def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
     elif model.store_url_:
         store = model._matching(model._open_training_store(
             model.store_url_, "give the store it was trained on with --store"))  # fmt: skip
+    else:  # fitted on in-memory ratings: no store to read what the user rated from
+        out.log("the model names no training store: items the user already rated are not "
+                "left out (give the store with --store)")  # fmt: skip
     user, n = _user_id(args.user, model), model.shape_[1]
     if getattr(model, "implicit", False):
         items, scores = model.recommend(  # type: ignore[call-arg]

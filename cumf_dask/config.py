@@ -8,13 +8,16 @@ One namespace, one schema: the dataclasses below *are* the schema; ``configs/ref
 documents every key with a comment. Files and ``--set`` values are read alike, numbers as in
 YAML 1.2: ``1e-3`` is a number, ``064`` is 64 (not YAML 1.1's octal 52: octal is ``0o100``),
 ``1:30`` is text (not 1.1's base-60 90); a key repeated in a mapping and an empty file are
-errors. A leading ``~`` in ``data.store`` and ``output.dir`` is the home folder.
+errors. A leading ``~`` in ``data.store`` and ``output.dir`` is the home folder. A ``--set``
+value that YAML reads as nothing (``#``, a space) is taken as written; one it reads as a
+number, true/false or null, given to a key that takes text, is refused with its quoting.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import re
 import types
@@ -351,6 +354,9 @@ def load_config(
 def _read_file(path: Path, source: str) -> Any:
     """The YAML document of a config file; anything that stops it being read is a ConfigError."""
     if path.is_dir():
+        if is_rating_store(path):
+            raise ConfigError(f"{source}: is a rating store, not a config file: give it with "
+                              f"--store (cumf-dask train --store {source})")  # fmt: skip
         raise ConfigError(f"{source}: is a folder, not a config file (give a YAML file)")
     if not path.is_file():
         raise ConfigError(f"{source}: config file not found (give an existing YAML file)")
@@ -376,6 +382,18 @@ def _read_file(path: Path, source: str) -> Any:
             "cluster, output: every key is in configs/reference.yaml)"
         )
     return raw
+
+
+def is_rating_store(path: str | Path) -> bool:
+    """Whether `path` is a folder that holds a rating store (its zarr.json says so): given
+    where a config or a ratings file goes, it is to be given as a store instead."""
+    from .data.store import FORMAT  # zarr's import, here only when a path is in question
+
+    try:
+        meta = json.loads((Path(path) / "zarr.json").read_text(encoding="utf-8"))
+        return meta["attributes"]["format"] == FORMAT
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _expand_home(config: Config) -> Config:
@@ -659,10 +677,7 @@ def _parse_override(item: str, source: str) -> dict[str, Any]:
     if "=" not in item:
         raise ConfigError(f"{source}: override {item!r} must look like section.key=value")
     key, _, text = item.partition("=")
-    try:  # read as a config file reads it: the same numbers, no repeated keys
-        value = read_yaml(text, source, key.strip() + ".")
-    except yaml.YAMLError:
-        value = text
+    value = _override_value(key.strip(), text, source)
     node: dict[str, Any] = {}
     cursor = node
     parts = key.strip().split(".")
@@ -671,6 +686,44 @@ def _parse_override(item: str, source: str) -> dict[str, Any]:
         cursor = cursor[part]
     cursor[parts[-1]] = value
     return node
+
+
+_NULL_WORDS = ("null", "Null", "NULL", "~")  # how YAML spells null (as does an empty value)
+
+
+def _override_value(key: str, text: str, source: str) -> Any:
+    """The value of ``--set key=text``, read as a config file reads it (YAML: the same
+    numbers, no repeated keys). Text that YAML reads as nothing without spelling null (a
+    lone '#' starts a comment, ' ' is blank) is taken as written, not dropped; a number,
+    true/false or null for a key that takes text is refused with the quoting that gives
+    text (else the error names 2024 or False, not what to type)."""
+    try:
+        value = read_yaml(text, source, key + ".")
+    except yaml.YAMLError:
+        return text
+    shown = text.strip()
+    if value is None and text and shown not in _NULL_WORDS:
+        return text
+    if shown and isinstance(value, (bool, int, float, type(None))) and _text_only(key, value):
+        kind = ("null" if value is None else "a number" if not isinstance(value, bool)
+                else f"the boolean {str(value).lower()}")  # fmt: skip
+        raise ConfigError(f"{source}: '{key}' must be a string, and YAML reads {shown} as "
+                          f"{kind}; quote it: --set '{key}=\"{shown}\"'")  # fmt: skip
+    return value
+
+
+def _text_only(key: str, value: Any) -> bool:
+    """Whether dotted `key` takes text alone (or null, when `value` is not null): a value
+    of another type is then wrong only for how YAML read it."""
+    tp: Any = Config
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(tp):
+            return False  # an unknown key: _build names it
+        tp = typing.get_type_hints(tp).get(part)
+    options = get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
+    if value is None and type(None) in options:
+        return False
+    return [t for t in options if t is not type(None)] == [str]
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,8 @@ the tables and lines the commands print (store, plan forecast, recommendations, 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -16,6 +18,27 @@ from rich.table import Table
 from .config import size_text
 
 
+class PipeConsole(Console):
+    """rich's Console, whose reader going away (``| head``) is a BrokenPipeError for the
+    command line to end with (exit 141), not rich's own SystemExit(1)."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError("the reader of the output went away")
+
+
+def discard_stdout() -> None:
+    """Send what is left for stdout to /dev/null once its reader has gone (``| head``):
+    Python's own way, so that the interpreter's last flush does not fail again. A stdout
+    that is no file (captured by a caller) is left as it is."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 class Output:
     """Where the command talks: rich on stderr for people, JSON on stdout for scripts.
 
@@ -25,7 +48,7 @@ class Output:
 
     def __init__(self, quiet: bool, as_json: bool, console: Console | None = None):
         self.quiet, self.as_json = quiet, as_json
-        self.console = console or Console(stderr=True, quiet=quiet, soft_wrap=True)
+        self.console = console or PipeConsole(stderr=True, quiet=quiet, soft_wrap=True)
 
     def log(self, text: str) -> None:
         self.console.print(text, highlight=False, markup=False)
@@ -38,11 +61,14 @@ class Output:
 
     def error(self, message: str, code: int) -> None:
         """The error on stderr (also when quiet), and as the JSON document in --json mode."""
-        Console(stderr=True, soft_wrap=True).print(
-            f"[bold red]error:[/] {escape(message)}", highlight=False
-        )
-        if self.as_json:
-            print(json.dumps({"error": message, "exit_code": code}))
+        try:
+            PipeConsole(stderr=True, soft_wrap=True).print(
+                f"[bold red]error:[/] {escape(message)}", highlight=False
+            )
+            if self.as_json:
+                print(json.dumps({"error": message, "exit_code": code}))
+        except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
+            discard_stdout()
 
     @contextmanager
     def progress(self) -> Iterator[Callable[[str, int, int | None], None]]:
@@ -118,7 +144,7 @@ def report_store(store: Any, out: Output, verified: dict[str, Any] | None = None
             rate = (verified["bytes_on_disk"] or 0) / max(verified["seconds"], 1e-9)
             table.add_row("verified", f"every chunk read and checked in {verified['seconds']:.1f} s"
                           + (f" ({size_text(rate)}/s)" if rate else ""))  # fmt: skip
-        Console().print(table)
+        PipeConsole().print(table)
 
     out.result(info, human)
 

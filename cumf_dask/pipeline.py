@@ -39,20 +39,15 @@ def prepare_store(
 ) -> RatingsStore:
     """Open the configured store, generating or ingesting it first when the config says so.
 
-    An existing complete store is reused unless ``data.overwrite`` is true.
+    An existing complete store is reused unless ``data.overwrite`` is true, and only when
+    the config's settings built it (:func:`_check_reuse`).
     """
     data = config.data
     if data.source == "store":
         return RatingsStore.open(data.store)
-    if not data.overwrite:
-        try:
-            store = RatingsStore.open(data.store)
-        except StoreError:
-            pass
-        else:
-            _check_reuse(config, store)
-            log(f"using the existing store {data.store} (data.overwrite: true rebuilds it)")
-            return store
+    store = None if data.overwrite else _reused(config, log)
+    if store is not None:
+        return store
     if data.source == "generate":
         from .data.planted import PlantedModel
         from .data.synthetic import generate
@@ -67,6 +62,24 @@ def prepare_store(
     return ingest_from_config(replace(data, overwrite=True), progress=progress)
 
 
+def _reused(config: Config, log: Log, check: bool = True) -> RatingsStore | None:
+    """The complete store at data.store, which the config's generate or ingest step then
+    does not build (`check`: refused when built from other settings, :func:`_check_reuse`),
+    or None when there is none."""
+    data = config.data
+    try:
+        store = RatingsStore.open(data.store)
+    except StoreError:
+        return None
+    if check:
+        _check_reuse(config, store)
+        log(f"using the existing store {data.store} (data.overwrite: true rebuilds it)")
+    else:
+        log(f"planned on the existing store {data.store} as it is (train rebuilds it: "
+            "data.overwrite is true)")  # fmt: skip
+    return store
+
+
 def ingest_from_config(
     cfg: DataConfig,
     url: str | PathLike[str] | None = None,
@@ -77,21 +90,36 @@ def ingest_from_config(
     """Run ``cfg.ingest`` into `url` (default ``cfg.store``) with cfg's split, tiles, overwrite."""
     from .data.ingest import ingest_file
 
-    ing = cfg.ingest
-    if not ing.path:
-        raise IngestError("data.ingest.path is empty: set the input file to ingest")
     return ingest_file(
-        ing.path, url if url is not None else cfg.store, ing.format, delimiter=ing.delimiter,
-        header=ing.header, columns=ing.columns, duplicates=ing.duplicates, m=ing.m, n=ing.n,
-        rating_min=ing.rating_min, rating_max=ing.rating_max, test_fraction=cfg.test_fraction,
-        split_seed=cfg.split_seed, split=cfg.split, tile_rows=cfg.tile_rows,
-        tile_cols=cfg.tile_cols, overwrite=cfg.overwrite, chunk_rows=chunk_rows,
-        progress=progress,
+        _ingest_path(cfg), url if url is not None else cfg.store, **_ingest_settings(cfg),
+        rating_min=cfg.ingest.rating_min, rating_max=cfg.ingest.rating_max,
+        tile_rows=cfg.tile_rows, tile_cols=cfg.tile_cols, overwrite=cfg.overwrite,
+        chunk_rows=chunk_rows, progress=progress,
+    )  # fmt: skip
+
+
+def _ingest_path(data: DataConfig) -> str:
+    """data.ingest.path; left empty, a config error (there is nothing to ingest)."""
+    if not data.ingest.path:
+        raise ConfigError("data.ingest.path is empty: set the input file to ingest")
+    return data.ingest.path
+
+
+def _ingest_settings(data: DataConfig) -> dict[str, Any]:
+    """What shapes an ingested store besides its input and scale, as ingest_file takes it
+    and records it in the store's source."""
+    ing = data.ingest
+    return dict(
+        format=ing.format, delimiter=ing.delimiter, header=ing.header, columns=ing.columns,
+        duplicates=ing.duplicates, m=ing.m, n=ing.n, test_fraction=data.test_fraction,
+        split=data.split, split_seed=data.split_seed,
     )  # fmt: skip
 
 
 def _check_reuse(config: Config, store: RatingsStore) -> None:
-    """Refuse to silently reuse a store that was built from other settings than the config's.
+    """Refuse to silently reuse a store that was built from other settings than the config's
+    (generated: the generator's, the test share and split seed; ingested: the input file,
+    what it was read with and split by, and the file itself changed since).
 
     A store of another kind (ingested ratings where the config generates, generated ones
     where it ingests) holds data that no rebuild may delete: the fixes offered keep it.
@@ -107,19 +135,69 @@ def _check_reuse(config: Config, store: RatingsStore) -> None:
             f"{data.source}; to train on that store as it is: cumf-dask train --store "
             f"{data.store}; to {wanted}, point data.store at another path"
         )
-    if not generated:
-        return  # an ingested store is reused as it is (the log line says how to rebuild)
+    differ = (_generated_differences if generated else _ingested_differences)(data, store.source)
+    if differ:
+        raise StoreError(
+            f"{data.store} exists but is not the store this config builds ({'; '.join(differ)}"
+            "); set data.overwrite: true to rebuild it, point data.store elsewhere, or train "
+            f"on it as it is: cumf-dask train --store {data.store}"
+        )
+
+
+def _generated_differences(data: DataConfig, source: dict[str, Any]) -> list[str]:
+    """'key: store value (the config: value)' for each generator setting, test share or
+    split seed in which a generated store differs from the config."""
     from .data.planted import PlantedModel
 
     want = dict(PlantedModel.create(**asdict(data.generate)).settings)
     want.update(test_fraction=data.test_fraction, split_seed=data.split_seed)
-    got = {key: store.source.get(key) for key in want}
-    if got != want:
-        raise StoreError(
-            f"{data.store} exists but was generated with {got}, the config asks for {want}; "
-            "set data.overwrite: true to rebuild it, or point data.store elsewhere (to train "
-            f"on that store as it is: cumf-dask train --store {data.store})"
-        )
+    return _differences(want, {key: source.get(key) for key in want})
+
+
+def _ingested_differences(data: DataConfig, source: dict[str, Any]) -> list[str]:
+    """How an ingested store differs from what the config would ingest: its input (the
+    path resolved: the same words name another file from another working folder), what it
+    was read with and split by, then whether the input changed since. A store from before
+    these were recorded is compared on what it records: its path, format, duplicates and
+    scale (recorded only when declared)."""
+    from .data.ingest import resolved_location
+
+    path = _ingest_path(data)
+    then = source.get("resolved") or (source.get("path") and resolved_location(source["path"]))
+    now = resolved_location(path)
+    if then != now:
+        return [f"input: {then or _built_from(source)} (the config: {now})"]
+    want = {**_ingest_settings(data), "rating_min": data.ingest.rating_min,
+            "rating_max": data.ingest.rating_max}  # fmt: skip
+    recorded = {key: value for key, value in want.items()
+                if key in source or key.startswith("rating_")}  # fmt: skip
+    differ = _differences(recorded, {key: source.get(key) for key in recorded})
+    return differ or _changed_input(path, source)
+
+
+def _changed_input(path: str, source: dict[str, Any]) -> list[str]:
+    """How the input file(s) changed since the store was ingested from them (how many,
+    their bytes, the latest modification time): nothing when none of that was recorded, or
+    the input is gone (the store stands for it then)."""
+    from .data.ingest import input_identity
+    from .data.readers import Files
+
+    if "bytes" not in source:
+        return []
+    try:
+        now = input_identity(path, Files(path, unit="line"))
+    except IngestError:
+        return []
+    changed = [f"{key} {source.get(key)} then, {now[key]} now"
+               for key in ("files", "bytes", "modified")
+               if source.get(key) != now[key]]  # fmt: skip
+    return [f"{path} changed since it was ingested ({'; '.join(changed)})"] if changed else []
+
+
+def _differences(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """'key: got (the config: want)' for each key of `want` whose value `got` does not hold."""
+    return [f"{key}: {got[key]!r} (the config: {want[key]!r})"
+            for key in want if got[key] != want[key]]  # fmt: skip
 
 
 def _built_from(source: dict[str, Any]) -> str:
@@ -140,16 +218,17 @@ def check_inputs(config: Config) -> None:
         return
     if data.source == "store" or not data.overwrite:
         try:
-            RatingsStore.open(data.store)
-            return
+            store = RatingsStore.open(data.store)
         except StoreError:
             if data.source == "store":
                 raise
-    if not data.ingest.path:
-        raise IngestError("data.ingest.path is empty: set the input file to ingest")
+        else:
+            if data.source == "ingest":
+                _check_reuse(config, store)
+            return
     from .data.readers import Files
 
-    Files(data.ingest.path, unit="line")  # raises for a missing file or an empty glob
+    Files(_ingest_path(data), unit="line")  # raises for a missing file or an empty glob
 
 
 @dataclass
@@ -193,17 +272,13 @@ def job_plan(
     if data.source == "store":
         store = RatingsStore.open(data.store)
     elif data.source == "ingest":  # ingest needs no cluster; a complete store is reused
-        if not rebuild:  # the store as it is, or ingested if there is none yet
-            config = replace(config, data=replace(data, overwrite=False))
-        store = prepare_store(config, None, progress, log)
+        if not rebuild and data.overwrite:  # plan: on the store as it is, if there is one
+            store = _reused(config, log, check=False)
+        if store is None:
+            overwrite = replace(data, overwrite=data.overwrite and rebuild)
+            store = prepare_store(replace(config, data=overwrite), None, progress, log)
     elif not data.overwrite:
-        try:
-            store = RatingsStore.open(data.store)
-        except StoreError:
-            pass  # generated when the job runs
-        else:
-            _check_reuse(config, store)
-            log(f"using the existing store {data.store} (data.overwrite: true rebuilds it)")
+        store = _reused(config, log)  # None: generated when the job runs
     if store is None:
         from .data.presets import resolve_shape
 
@@ -221,9 +296,10 @@ def job_plan(
         res = client_resources(client, config.cluster.backend)
     held_out = store.nnz_test if store is not None else total - nnz  # the test RMSE's blocks
     # the link's bandwidth is measured when a fit starts; the plan assumes the transport's
+    tensor_cores = config.model.precision == "float32" and config.model.kind == "explicit"
     plan = make_plan(m, n, nnz, f, res.workers, res.memory, *counts, config.plan, res.backend,
-                     transport=res.transport, host_memory=res.host_memory,
-                     held_out=held_out)  # fmt: skip
+                     transport=res.transport, host_memory=res.host_memory, held_out=held_out,
+                     tensor_cores=tensor_cores)  # fmt: skip
     return JobPlan(plan, store, total)
 
 
@@ -315,6 +391,8 @@ def train(
     run = RunFolder.latest(config) if resume else None
     if resume and run is None:
         log(f"no earlier run of '{config.output.name}' with checkpoints: starting fresh")
+    if run is not None:
+        _check_resumed_store(config, run)
     result = None
     try:
         with ExitStack() as stack:
@@ -336,6 +414,41 @@ def train(
         # Ctrl-C while the cluster closed: the run itself finished and is recorded
         log("interrupted while the cluster was closing; the run had finished and is saved")
     return result
+
+
+def _check_resumed_store(config: Config, run: RunFolder) -> None:
+    """Refuse --resume before any data step when that step would build the store anew where
+    the run's checkpoints were made on it: data.overwrite rebuilds it, or it is gone and
+    would be built again. A new build is another store to them (its build id): the resume
+    would be refused once the build is done, hours later at full size, and with
+    data.overwrite the store they could resume on would be gone for good."""
+    data = config.data
+    if data.source == "store":
+        return
+    if data.overwrite:
+        raise ConfigError(
+            f"--resume with data.overwrite: true would rebuild {data.store}, the store the "
+            f"checkpoints of {run.path} were made on, and they do not resume on another "
+            "build; resume with --set data.overwrite=false"
+        )
+    from .data.ingest import resolved_location
+
+    made_on = Checkpointer(run.checkpoints).store_url()
+    if made_on == resolved_location(data.store) and not _opens(data.store):
+        raise StoreError(
+            f"{data.store}: the store the checkpoints of {run.path} were made on is gone, and "
+            "they do not resume on a store built again (another build); put it back there, "
+            "or run without --resume to start over"
+        )
+
+
+def _opens(url: str) -> bool:
+    """Whether a complete store opens at `url`."""
+    try:
+        RatingsStore.open(url)
+    except StoreError:
+        return False
+    return True
 
 
 def _check_outputs(config: Config) -> None:
@@ -463,7 +576,9 @@ def _fit(job: _Job, run: RunFolder, client: Any, store: RatingsStore, resume: bo
             progress("train", 0, iterations)
         model.fit(store, client=client, resume=resume)
     except BaseException:
-        if not resume:
+        if resume:  # the record stays its saved model's, iterations included
+            run.restore_metrics()
+        else:
             run.discard_if_empty()
         raise
     return model

@@ -13,27 +13,25 @@ import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import threading
 import time
 import uuid
 import warnings
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .checkpoint import MODEL_FORMAT, interrupted_copies
-from .config import Config
+from .config import Config, load_config
 from .engine.plan import Plan
-from .errors import CumfWarning, StoreError
+from .errors import ConfigError, CumfWarning, StoreError
 from .paths import disk_full_as, local_path
 
 STAMP = r"-\d{8}-\d{6}(-\d+)?"  # a run folder's name: <output.name><STAMP>
-# the way on for a run stopped before its model was saved (the command is not known here)
-RESUME_ADVICE = ("a run that stopped before saving its model goes on from its checkpoints: "
-                 "run the command that started it again, with --resume")  # fmt: skip
 
 
 class RunFolder:
@@ -122,20 +120,34 @@ class RunFolder:
         --resume from that checkpoint) are back, in order."""
         self._write("metrics.jsonl", "".join(json.dumps(r) + "\n" for r in metrics))
 
+    def restore_metrics(self) -> None:
+        """metrics.jsonl back to the saved model's iterations after a resume that failed or
+        was stopped: the lines it appended describe iterations that the run's model,
+        summary, config and plot do not have (a later --resume puts them back from the
+        checkpoints). Kept as it is when there is no complete model; a failure to write is
+        dropped, so the fit's own error is the one reported."""
+        attrs = self._saved_model_attrs()
+        if attrs is not None and isinstance(attrs.get("metrics"), list):
+            with suppress(StoreError, OSError):
+                self.write_metrics(attrs["metrics"])
+
     def clear_damaged_model(self) -> str | None:
         """Remove a model.zarr that is not a complete model (a save cut short, or damaged
         metadata), so that a resumed run can write it again; say what was removed."""
-        meta = self.model / "zarr.json"
-        if not self.model.exists():
+        if not self.model.exists() or self._saved_model_attrs() is not None:
             return None
-        try:
-            attrs = json.loads(meta.read_text()).get("attributes", {})
-            if attrs.get("format") == MODEL_FORMAT and attrs.get("complete"):
-                return None
-        except (OSError, ValueError, AttributeError):
-            pass
         shutil.rmtree(self.model, ignore_errors=True)
         return f"removed the incomplete or damaged {self.model}; it is written again"
+
+    def _saved_model_attrs(self) -> dict[str, Any] | None:
+        """The attrs of the run's model.zarr when it is a complete model (read from its
+        zarr.json alone), else None."""
+        try:
+            attrs = json.loads((self.model / "zarr.json").read_text())["attributes"]
+            complete = attrs.get("format") == MODEL_FORMAT and attrs.get("complete")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return attrs if complete else None
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         self._write("summary.json", json.dumps(summary, indent=1))
@@ -186,7 +198,7 @@ def newest_run(root: Path, name: str) -> Path | None:
 
 
 def resumable(model: Path) -> bool:
-    """Whether ``cumf-dask train CONFIG --resume`` writes `model` again: it is the
+    """Whether resuming its run (``--resume``) writes `model` again: it is the
     model.zarr of the newest run of its name, and that run has a checkpoint."""
     run = model.absolute().parent.resolve()
     named = re.fullmatch(rf"(.+){STAMP}", run.name)
@@ -196,6 +208,28 @@ def resumable(model: Path) -> bool:
         and newest_run(run.parent, named.group(1)) == run
         and any(run.glob("checkpoints/iter-*"))
     )
+
+
+def resume_advice(run: Path) -> str:
+    """The way on for `run` when it stopped before saving its model: its checkpoints."""
+    return ("a run that stopped before saving its model goes on from its checkpoints: "
+            f"{how_to_resume(run)}")  # fmt: skip
+
+
+def how_to_resume(run: Path) -> str:
+    """The command that resumes `run`: ``cumf-dask train RUN/config.yaml --resume`` where
+    that config resumes this very run from here (its output.dir and data.store are as they
+    were given, often relative to the folder it was trained in), else the command that
+    started it (not known here), with --resume."""
+    config = run / "config.yaml"
+    try:
+        found = RunFolder.latest(load_config(config))
+    except (ConfigError, StoreError, OSError):
+        found = None
+    if found is not None and found.path.resolve() == run.resolve():
+        command = shlex.join(["cumf-dask", "train", str(config), "--resume"])
+        return f"`{command}` (or the command that started the run, with --resume)"
+    return "run the command that started it again, with --resume"
 
 
 def link_latest(run: Path, link: Path) -> bool:
@@ -228,6 +262,11 @@ def model_path(path: str | Path) -> str:
     inside = folder / "model.zarr"
     if inside.is_dir():
         return str(inside)
+    if folder.is_symlink() and not folder.exists():
+        raise StoreError(
+            f"{path} is a link to {os.readlink(folder)}, which is gone (deleted or moved); "
+            "give another run folder or model, or train again"
+        )
     if folder.is_dir() and not (folder / "zarr.json").exists():
         runs = sorted(p.name for p in folder.glob("*-latest"))
         if runs:
@@ -238,7 +277,7 @@ def model_path(path: str | Path) -> str:
         if interrupted_copies(inside):  # its save was interrupted: opening it says so
             return str(inside)
         if (folder / "config.yaml").is_file():
-            way_on = (f"; {RESUME_ADVICE}" if (folder / "checkpoints" / "LATEST").is_file()
+            way_on = (f"; {resume_advice(folder)}" if (folder / "checkpoints" / "LATEST").is_file()
                       else ": give another run, or train again")  # fmt: skip
             raise StoreError(
                 f"{path} is a run folder without a saved model (the run failed, or is still "
@@ -247,7 +286,7 @@ def model_path(path: str | Path) -> str:
         if (folder / "LATEST").is_file():
             raise StoreError(
                 f"{path} is a run's checkpoints folder, not a model: give the run folder "
-                f"({folder.parent}) once its model is saved; {RESUME_ADVICE}"
+                f"({folder.parent}) once its model is saved; {resume_advice(folder.parent)}"
             )
     return str(path)
 

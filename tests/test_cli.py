@@ -146,7 +146,8 @@ def test_a_folder_of_runs_or_a_failed_run_is_named_as_such(tmp_path):
     (model / "zarr.json").write_text(json.dumps(
         {"attributes": {"format": "cumf-dask-model", "complete": True}}))  # fmt: skip
     with pytest.raises(StoreError, match=r"an interrupted save left complete copies beside it "
-                       r"\(\.tmp-model\.zarr-0badf00d\): .*`cumf-dask train CONFIG --resume`"):
+                       r"\(\.tmp-model\.zarr-0badf00d\): .*a run's model: run the command that "
+                       r"started it again, with --resume\)"):
         from cumf_dask.model import ALS
 
         ALS.load(run)
@@ -926,3 +927,174 @@ sys.exit(cli.main())
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0 and proc.stderr == ""
+
+
+# ----------------------------------------------------------------------------- review: the CLI
+
+
+def test_an_ingested_store_is_reused_only_for_the_input_that_built_it(work, run_cli, no_cluster):
+    """Another file (a missing one too), another split, or the file changed since: refused
+    before anything runs, naming each difference and the ways on; the store is kept. A store
+    ingested before these were recorded is compared on its path."""
+    shutil.copy(work / "ratings.csv", work / "reuse.csv")
+    store = work / "data" / "reuse.zarr"
+    base = ["tiny.yaml", "--set", f"data.store={store}", "--set", "data.ingest.path=reuse.csv"]
+    run_cli("plan", *base)  # ingests it
+    meta = store / "zarr.json"
+    build = json.loads(meta.read_text())["attributes"]["build"]
+    _, err = run_cli("plan", *base, "--set", "data.ingest.path=typo.csv", code=3)
+    assert f"input: {work / 'reuse.csv'} (the config: {work / 'typo.csv'})" in err
+    _, err = run_cli("plan", *base, "--set", "data.test_fraction=0.5", "--set",
+                     "data.split=users", code=3)  # fmt: skip
+    assert "test_fraction: 0.2 (the config: 0.5); split: 'pairs' (the config: 'users')" in err
+    assert ("set data.overwrite: true to rebuild it, point data.store elsewhere, or train on it "
+            f"as it is: cumf-dask train --store {store}") in err  # fmt: skip
+    with open(work / "reuse.csv", "a") as fh:
+        fh.write("user-1,film 99,3\n")
+    _, err = run_cli("train", *base, code=3)
+    assert "reuse.csv changed since it was ingested (bytes " in err
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["source"] = {"kind": "file", "format": "csv", "path": "reuse.csv",
+                                   "duplicates": "error"}  # fmt: skip
+    meta.write_text(json.dumps(doc))
+    run_cli("plan", *base)
+    run_cli("plan", *base, "--set", "data.ingest.path=ratings.csv", code=3)
+    assert json.loads(meta.read_text())["attributes"]["build"] == build
+
+
+def test_a_resume_that_would_build_the_store_again_is_refused_first(tmp_path, clients):
+    """data.overwrite with --resume, or the store the checkpoints were made on gone: refused
+    before the store is touched or built, so the run still resumes once it is back."""
+    from dataclasses import replace
+
+    from cumf_dask.config import load_config
+    from cumf_dask.pipeline import prepare_store, train
+
+    config = load_config(data={
+        "data": {"source": "generate", "store": str(tmp_path / "g.zarr"),
+                 "generate": {"m": 60, "n": 20, "nnz": 400}},
+        "model": {"factors": 2, "iterations": 1},
+        "output": {"dir": str(tmp_path / "runs"), "name": "g"},
+    })  # fmt: skip
+    prepare_store(config, log=lambda _: None)  # generated here; the run reuses it
+    train(config, client=clients(1), log=lambda _: None)
+    meta = tmp_path / "g.zarr" / "zarr.json"
+    build = json.loads(meta.read_text())["attributes"]["build"]
+    kept = replace(config, model=replace(config.model, iterations=2))
+    rebuilt = replace(kept, data=replace(kept.data, overwrite=True))
+    with pytest.raises(ConfigError, match=r"--resume with data\.overwrite: true would rebuild "
+                       r".*g\.zarr, .*; resume with --set data\.overwrite=false"):  # fmt: skip
+        train(rebuilt, resume=True, client=clients(1), log=lambda _: None)
+    assert json.loads(meta.read_text())["attributes"]["build"] == build
+    (tmp_path / "g.zarr").rename(tmp_path / "away.zarr")
+    with pytest.raises(StoreError, match=r"g\.zarr: the store the checkpoints of .* were made on "
+                       "is gone"):  # fmt: skip
+        train(kept, resume=True, client=clients(1), log=lambda _: None)
+    assert not (tmp_path / "g.zarr").exists()
+    (tmp_path / "away.zarr").rename(tmp_path / "g.zarr")
+    assert train(kept, resume=True, client=clients(1), log=lambda _: None).summary[
+        "iterations"] == 2  # fmt: skip
+
+
+def test_a_reader_that_exits_early_ends_the_command_quietly(flow, work):
+    """`cumf-dask ... | head` whose reader is gone before the output: exit 141 (128 +
+    SIGPIPE, as a shell reports it) and nothing on stderr, with --json too."""
+    for args in (["info", "data/ratings.zarr"],
+                 ["--json", "recommend", "runs/tiny-latest", "--user", "user-7"]):  # fmt: skip
+        proc = subprocess.Popen([sys.executable, "-m", "cumf_dask", *args], cwd=work,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        proc.stdout.close()  # before the command writes: it takes a second to start
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141 and err == "", err
+
+
+def test_a_damaged_models_advice_is_a_command_that_restores_it(flow, work, run_cli):
+    """Also for a run started with --store (no CONFIG to name): the run's own config.yaml."""
+    import shlex
+
+    run_cli("train", "--store", "data/ratings.zarr", "--set", "model.iterations=1", "--set",
+            "model.factors=2", "--set", "output.name=dmg", "--set",
+            "cluster.dashboard_address=null", "-q")  # fmt: skip
+    (work / "runs" / "dmg-latest" / "model.zarr" / "user_factors" / "c" / "0" / "0").unlink()
+    _, err = run_cli("evaluate", "runs/dmg-latest", code=3)
+    advice = re.search(r"restore it from its run's checkpoints: `(cumf-dask train \S+ --resume)` "
+                       r"\(or the command that started the run, with --resume\)", err)  # fmt: skip
+    assert advice, err
+    run_cli(*shlex.split(advice.group(1))[1:], "-q")
+    assert "test_rmse" in json.loads(run_cli("evaluate", "runs/dmg-latest", "--json")[0])
+
+
+def test_a_failed_resume_leaves_metrics_jsonl_as_its_model(flow, work, tmp_path, clients):
+    """The iterations a failed or stopped resume appended are not in the run's model,
+    summary or plot: metrics.jsonl goes back to the model's."""
+    from dataclasses import replace
+
+    from cumf_dask.config import load_config
+    from cumf_dask.pipeline import train
+
+    config = load_config(overrides=[f"output.dir={tmp_path}", "model.iterations=2",
+                                    "model.factors=2"],
+                         data={"data": {"source": "store",
+                                        "store": str(work / "data" / "ratings.zarr")}})  # fmt: skip
+    first = train(config, client=clients(1), log=lambda _: None)
+
+    def stop(record: dict) -> None:
+        if record["iteration"] == 3:
+            raise StoreError("stopped at iteration 3")
+
+    more = replace(config, model=replace(config.model, iterations=4))
+    with pytest.raises(StoreError, match="stopped at iteration 3"):
+        train(more, resume=True, client=clients(1), on_iteration=stop, log=lambda _: None)
+    lines = (first.run.path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == first.model.metrics_
+
+
+def test_recommend_says_when_rated_items_are_not_left_out(work, run_cli, clients):
+    """A model fitted on arrays names no training store: its list may hold rated items."""
+    from cumf_dask.model import ALS
+
+    rng = np.random.default_rng(1)
+    pairs = np.unique(rng.integers(0, [20, 10], size=(120, 2)), axis=0)
+    ratings = rng.integers(1, 6, len(pairs)).astype(float)
+    model = ALS(2, 0.1, 1, backend="numpy").fit((pairs[:, 0], pairs[:, 1], ratings),
+                                                client=clients(1))  # fmt: skip
+    model.save(work / "arrays.zarr")
+    _, err = run_cli("recommend", "arrays.zarr", "--user", "0", "-k", "3")
+    assert ("the model names no training store: items the user already rated are not left "
+            "out (give the store with --store)") in err  # fmt: skip
+
+
+def test_quiet_leaves_the_callers_warnings_as_they_were(run_cli, monkeypatch):
+    """main(['-q', ...]) ignores warnings while the command runs, in the processes it starts
+    too (PYTHONWARNINGS), and gives the calling process its own filters back."""
+    import warnings
+
+    monkeypatch.delenv("PYTHONWARNINGS", raising=False)
+    seen = {}
+
+    def spy(args, out):
+        seen["env"] = os.environ.get("PYTHONWARNINGS")
+        seen["filter"] = warnings.filters[0][:3:2]
+
+    monkeypatch.setattr("cumf_dask.commands.cmd_info", spy)
+    before = list(warnings.filters)
+    run_cli("-q", "info", "x.zarr")
+    assert seen == {"env": "ignore", "filter": ("ignore", Warning)}
+    assert warnings.filters == before and "PYTHONWARNINGS" not in os.environ
+
+
+def test_paths_in_the_wrong_place_name_the_fix(flow, work, run_cli, tmp_path):
+    """A store given as the config or as the file to ingest, an empty data.ingest.path
+    (a config error: exit 2), a -latest link whose run is gone."""
+    _, err = run_cli("train", "data/ratings.zarr", code=2)
+    assert ("data/ratings.zarr: is a rating store, not a config file: give it with --store "
+            "(cumf-dask train --store data/ratings.zarr)") in err  # fmt: skip
+    _, err = run_cli("ingest", "data/ratings.zarr", "-o", "data/again.zarr", code=3)
+    assert ("is a rating store already, not a ratings file: `cumf-dask info data/ratings.zarr` "
+            "describes it") in err  # fmt: skip
+    _, err = run_cli("plan", "--set", "data.source=ingest", "--set", "data.store=data/no.zarr",
+                     code=2)  # fmt: skip
+    assert "data.ingest.path is empty: set the input file to ingest" in err
+    (tmp_path / "gone-latest").symlink_to("gone-20990101-000000")
+    _, err = run_cli("evaluate", str(tmp_path / "gone-latest"), code=3)
+    assert "gone-latest is a link to gone-20990101-000000, which is gone (deleted or moved)" in err

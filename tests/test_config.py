@@ -326,3 +326,17 @@ def test_numpy_numbers_in_a_config_are_written_as_plain_numbers():
     assert yaml.safe_load(yaml.safe_dump(config.to_dict()))["plan"]["p"] == 2
     plan = make_plan(1000, 500, 20_000, np.int64(8), 2, 10**9, config=PlanConfig(p=np.int64(2)))
     assert json.loads(json.dumps(plan.to_dict()))["x"]["p"] == 2
+
+
+def test_set_values_yaml_reads_as_no_text():
+    """A delimiter '#' (YAML: a comment) or ' ' is taken as written, never dropped for the
+    format's; a number, true/false or null for a text key names the quoting that gives text."""
+    assert load_config(overrides=["data.ingest.delimiter=#"]).data.ingest.delimiter == "#"
+    assert load_config(overrides=["data.ingest.delimiter= "]).data.ingest.delimiter == " "
+    assert load_config(overrides=["data.ingest.delimiter=null"]).data.ingest.delimiter is None
+    for text, kind in (("2024", "a number"), ("no", "the boolean false"), ("~", "null")):
+        message = (f"--set output.dir={text}: 'output.dir' must be a string, and YAML reads "
+                   f"{text} as {kind}; quote it: --set 'output.dir=\"{text}\"'")  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config(overrides=[f"output.dir={text}"])
+    assert load_config(overrides=['output.dir="~"']).output.dir == str(Path.home())

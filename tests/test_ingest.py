@@ -465,8 +465,25 @@ def test_from_config(tmp_path):
     store = ingest_from_config(cfg)
     assert store.url == cfg.store and store.nnz_test > 0
     assert contents(store) == expected(records)
-    with pytest.raises(IngestError, match=r"ingest\.path is empty"):
+    with pytest.raises(ConfigError, match=r"ingest\.path is empty"):
         ingest_from_config(DataConfig())
+
+
+def test_a_file_store_records_what_built_it(tmp_path):
+    """The input (resolved, its size and time) and every setting that shapes the ratings,
+    as JSON numbers whatever the caller passed: what a config's reuse of it is checked on."""
+    path = write(tmp_path / "r.csv", ["0,1,3", "1,0,4", "2,2,5"])
+    store = ingest_file(path, tmp_path / "s.zarr", columns=(np.int64(0), 1, 2), m=np.int64(3),
+                        test_fraction=0.0, split_seed=np.int64(7))  # fmt: skip
+    source = store.source
+    assert (source["path"], source["resolved"], source["files"], source["bytes"]) == (
+        path, str(tmp_path / "r.csv"), 1, 18)  # fmt: skip
+    assert source["modified"].startswith(str(time.gmtime().tm_year))
+    settings = {key: source[key] for key in ("format", "delimiter", "header", "columns",
+                "duplicates", "m", "n", "test_fraction", "split", "split_seed")}  # fmt: skip
+    assert settings == {"format": "csv", "delimiter": None, "header": None,
+                        "columns": [0, 1, 2], "duplicates": "error", "m": 3, "n": None,
+                        "test_fraction": 0.0, "split": "pairs", "split_seed": 7}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import zarr
 from conftest import HAS_CUDA
-from distributed import Client, LocalCluster
 
 from cumf_dask.compat import import_cupy
 from cumf_dask.config import GenerateConfig, load_config
@@ -81,17 +80,13 @@ def reference(tmp_path_factory):
     return snapshot(url)
 
 
-def test_same_store_whatever_the_workers(tmp_path, reference):
+def test_same_store_whatever_the_workers(tmp_path, reference, client2):
+    """The same store from one thread and from two Dask workers (of a client that is not
+    the default one: the tasks are awaited on its own loop)."""
     with dask.config.set(num_workers=1):
         generate(tmp_path / "one.zarr", SMALL, **TILES)
     assert_same_store(snapshot(tmp_path / "one.zarr"), reference)
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        generate(tmp_path / "two.zarr", SMALL, client=client, **TILES)
+    generate(tmp_path / "two.zarr", SMALL, client=client2, **TILES)
     assert_same_store(snapshot(tmp_path / "two.zarr"), reference)
 
 

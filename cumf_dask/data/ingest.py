@@ -52,6 +52,7 @@ input files, or records of in-memory input; total None when unknown), then with 
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -63,6 +64,7 @@ import pandas as pd  # a core dependency: chunked, C-speed text parsing
 
 from ..checks import MAX_RATING, check_positive_int, check_scale
 from ..errors import ConfigError, IngestError
+from ..paths import is_url, normalize_url
 from .duplicates import DuplicatePolicy
 from .formats import FORMATS
 from .hashing import SplitKind
@@ -178,7 +180,11 @@ def ingest_file(
             spec = replace(spec, columns=_three(columns))
         files = Files(path, unit="line")
         chunks = read_text(files, spec, chunk_rows)
-    source = {"kind": "file", "format": format, "path": files.name, "duplicates": duplicates}
+    settings = dict(format=format, delimiter=delimiter, header=header, columns=columns,
+                    duplicates=duplicates, m=m, n=n, test_fraction=test_fraction, split=split,
+                    split_seed=split_seed)  # fmt: skip
+    source = {"kind": "file", "path": files.name, **input_identity(path, files),
+              **{key: _as_attr(value) for key, value in settings.items()}}  # fmt: skip
     return ingest_chunks(
         chunks, url, files, with_scale(source, rating_min, rating_max), m, n,
         scale=(rating_min, rating_max), duplicates=duplicates, test_fraction=test_fraction,
@@ -475,6 +481,35 @@ def _plain_text(values: np.ndarray) -> bool:
     except TypeError:  # not all text
         return False
     return text.isascii() and "_" not in text
+
+
+def input_identity(path: PathSpec, files: Files) -> dict[str, Any]:
+    """What tells a later reuse of the store whether its input is still these files: the
+    path resolved (the same text names another file from another working folder), how
+    many files it matched, their bytes and the latest modification time (None where the
+    file system keeps none)."""
+    try:
+        modified = max(f.fs.modified(f.path) for f in files.files).isoformat()
+    except (NotImplementedError, OSError):  # a file system that keeps no times
+        modified = None
+    return {"resolved": resolved_location(path), "files": len(files), "bytes": files.total,
+            "modified": modified}  # fmt: skip
+
+
+def resolved_location(path: PathSpec) -> str:
+    """A rating file's path (or glob, or list of them) as it reads from any working folder:
+    a local path absolute with its ``~`` expanded, a URL as it is."""
+    if isinstance(path, (list, tuple)):
+        return ", ".join(resolved_location(p) for p in path)
+    text = normalize_url(path)
+    return text if is_url(text) else os.path.abspath(text)
+
+
+def _as_attr(value: Any) -> Any:
+    """A setting as a store's JSON attrs keep it: NumPy numbers as Python's, columns as a list."""
+    if isinstance(value, (list, tuple)):
+        return [_as_attr(item) for item in value]
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def with_scale(source: dict[str, Any], low: float | None, high: float | None) -> dict:

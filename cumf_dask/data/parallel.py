@@ -73,7 +73,7 @@ def run_tasks(
     futures = [client.submit(fn, *args, pure=False) for args in tasks]
     index = {f.key: i for i, f in enumerate(futures)}
     try:
-        for done, future in enumerate(completed(futures), 1):
+        for done, future in enumerate(completed(futures, loop=client.loop), 1):
             results[index[future.key]] = future.result()
             report(done)
     except BaseException:
