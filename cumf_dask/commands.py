@@ -57,6 +57,8 @@ def cmd_generate(args: argparse.Namespace, out: Output) -> None:
 def cmd_ingest(args: argparse.Namespace, out: Output) -> None:
     from .data.ingest import ingest_file
 
+    if not args.file.strip():
+        raise ConfigError("the input path is empty: give the ratings file to ingest")
     if is_rating_store(args.file):
         raise IngestError(
             f"{args.file}: is a rating store already, not a ratings file: `cumf-dask info "

@@ -514,7 +514,11 @@ def check_columns(name: str, columns: list[str | int]) -> None:
 
 def check_run_name(name: str, value: str) -> None:
     """A run's name is one folder name: a path in it would hide its runs from --resume,
-    which looks for ``<name>-<timestamp>`` folders in output.dir."""
+    which looks for ``<name>-<timestamp>`` folders in output.dir; a blank one or one with
+    space at its ends would name folders no one could tell apart or type."""
+    if not value.strip() or value != value.strip():
+        raise ConfigError(f"'{name}' is {value!r}: give a name without space at its ends "
+                          "(e.g. output.name: netflix)")  # fmt: skip
     if "/" in value or "\\" in value:
         raise ConfigError(
             f"'{name}' is {value!r}, a path: give a plain name, and the folder the runs go in "
@@ -694,7 +698,8 @@ _NULL_WORDS = ("null", "Null", "NULL", "~")  # how YAML spells null (as does an 
 def _override_value(key: str, text: str, source: str) -> Any:
     """The value of ``--set key=text``, read as a config file reads it (YAML: the same
     numbers, no repeated keys). Text that YAML reads as nothing without spelling null (a
-    lone '#' starts a comment, ' ' is blank) is taken as written, not dropped; a number,
+    lone '#' starts a comment; ' ', blank, for data.ingest.delimiter alone) is taken as
+    written, not dropped; a number,
     true/false or null for a key that takes text is refused with the quoting that gives
     text (else the error names 2024 or False, not what to type)."""
     try:
@@ -702,8 +707,8 @@ def _override_value(key: str, text: str, source: str) -> Any:
     except yaml.YAMLError:
         return text
     shown = text.strip()
-    if value is None and text and shown not in _NULL_WORDS:
-        return text
+    if value is None and shown not in _NULL_WORDS and (shown or key == "data.ingest.delimiter"):
+        return text  # ('#' starts a YAML comment; a blank is a delimiter's only)
     if shown and isinstance(value, (bool, int, float, type(None))) and _text_only(key, value):
         kind = ("null" if value is None else "a number" if not isinstance(value, bool)
                 else f"the boolean {str(value).lower()}")  # fmt: skip

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .budget import check_cpu_time, forecast_note
 from .callbacks import Log, Progress
 from .checkpoint import Checkpointer
-from .config import Config, DataConfig
+from .config import Config, DataConfig, is_rating_store
 from .data.store import RatingsStore
 from .engine.cluster import (
     client_resources,
@@ -99,10 +99,16 @@ def ingest_from_config(
 
 
 def _ingest_path(data: DataConfig) -> str:
-    """data.ingest.path; left empty, a config error (there is nothing to ingest)."""
-    if not data.ingest.path:
+    """data.ingest.path; left empty, or naming a rating store (nothing to ingest), a config
+    error."""
+    path = data.ingest.path
+    if not path:
         raise ConfigError("data.ingest.path is empty: set the input file to ingest")
-    return data.ingest.path
+    if is_rating_store(path):
+        raise ConfigError(f"data.ingest.path {path} is a rating store already, not a ratings "
+                          f"file: train on it with data.source: store, data.store: {path} "
+                          f"(cumf-dask train --store {path})")  # fmt: skip
+    return path
 
 
 def _ingest_settings(data: DataConfig) -> dict[str, Any]:
@@ -387,25 +393,24 @@ def train(
         raise ConfigError("--resume needs output.checkpoint: true (this config turns "
                           "checkpoints off)")  # fmt: skip
     _check_outputs(config)  # before a cluster starts or any input is read
-    check_inputs(config)
     run = RunFolder.latest(config) if resume else None
     if resume and run is None:
         log(f"no earlier run of '{config.output.name}' with checkpoints: starting fresh")
-    if run is not None:
-        _check_resumed_store(config, run)
+    data_step = _resumed_data(config, run, log) if run is not None else config
+    check_inputs(data_step)
     result = None
     try:
         with ExitStack() as stack:
             if run is not None:  # one writer per run folder: a second resume fails at once
                 stack.enter_context(Checkpointer(run.checkpoints).locked())
             if client is None and config.cluster.address is None:  # planned before it starts
-                planned = _planned(config, None, force, progress, log)
+                planned = _planned(data_step, None, force, progress, log)
                 nnz = planned.plan.x.nnz
                 client = stack.enter_context(cluster_client(config.cluster, nnz=nnz))
             else:
                 if client is None:
                     client = stack.enter_context(cluster_client(config.cluster))
-                planned = _planned(config, client, force, progress, log)
+                planned = _planned(data_step, client, force, progress, log)
             job = _Job(config, on_iteration, progress, log, command)
             result = _train(job, run, client, planned.store)
     except KeyboardInterrupt:
@@ -416,15 +421,18 @@ def train(
     return result
 
 
-def _check_resumed_store(config: Config, run: RunFolder) -> None:
-    """Refuse --resume before any data step when that step would build the store anew where
-    the run's checkpoints were made on it: data.overwrite rebuilds it, or it is gone and
-    would be built again. A new build is another store to them (its build id): the resume
-    would be refused once the build is done, hours later at full size, and with
-    data.overwrite the store they could resume on would be gone for good."""
+def _resumed_data(config: Config, run: RunFolder, log: Log) -> Config:
+    """The config whose data step a --resume of `run` takes: the store its checkpoints were
+    made on, as it is (``source: store``), when it is at data.store: whether it would be
+    built from these settings and input today does not matter to them, and touching the
+    input file must not stop a resume. Refused before any data step when that step would
+    build the store anew where the checkpoints were made on it: data.overwrite rebuilds
+    it, or it is gone and would be built again. A new build is another store to them (its
+    build id): the resume would be refused once the build is done, hours later at full
+    size, and with data.overwrite the store they could resume on would be gone for good."""
     data = config.data
     if data.source == "store":
-        return
+        return config
     if data.overwrite:
         raise ConfigError(
             f"--resume with data.overwrite: true would rebuild {data.store}, the store the "
@@ -434,12 +442,16 @@ def _check_resumed_store(config: Config, run: RunFolder) -> None:
     from .data.ingest import resolved_location
 
     made_on = Checkpointer(run.checkpoints).store_url()
-    if made_on == resolved_location(data.store) and not _opens(data.store):
+    if made_on != resolved_location(data.store):
+        return config  # made on another store (or unknown): the data step as configured
+    if not _opens(data.store):
         raise StoreError(
             f"{data.store}: the store the checkpoints of {run.path} were made on is gone, and "
             "they do not resume on a store built again (another build); put it back there, "
             "or run without --resume to start over"
         )
+    log(f"resuming on {data.store}, the store the checkpoints were made on, as it is")
+    return replace(config, data=replace(data, source="store"))
 
 
 def _opens(url: str) -> bool:
@@ -511,14 +523,19 @@ def _train(job: _Job, run: RunFolder | None, client: Any, store: RatingsStore | 
     warm_plotting()  # the plot at the end does not wait for matplotlib's import
     started = time.perf_counter()
     model = _fit(job, run, client, store, resume)
-    if resume:  # a resumed run's record changes only once its fit succeeds
-        run.write_config(config)
-    run.write_metrics(model.metrics_)  # the fit's own list: no iteration lost, none twice
-    run.write_plan(model.plan_)
     cleared = run.clear_damaged_model()
     if cleared:
         log(cleared)
-    model.save(run.model, after_error=run.after_error)
+    try:
+        model.save(run.model, after_error=run.after_error)
+    except BaseException:
+        if resume:  # the record stays its saved model's (the fit appended its iterations)
+            run.restore_metrics()
+        raise
+    if resume:  # a resumed run's record changes only once its model is saved
+        run.write_config(config)
+    run.write_metrics(model.metrics_)  # the fit's own list: no iteration lost, none twice
+    run.write_plan(model.plan_)
     plot = _plot(run, model.metrics_, f"{config.output.name}: {store.m:,} x {store.n:,}, "
                                       f"f={config.model.factors}")  # fmt: skip
     last = model.metrics_[-1] if model.metrics_ else {}

@@ -221,13 +221,17 @@ def how_to_resume(run: Path) -> str:
     that config resumes this very run from here (its output.dir and data.store are as they
     were given, often relative to the folder it was trained in), else the command that
     started it (not known here), with --resume."""
-    config = run / "config.yaml"
+    path = run / "config.yaml"
     try:
-        found = RunFolder.latest(load_config(config))
+        config = load_config(path)
+        found = RunFolder.latest(config)
     except (ConfigError, StoreError, OSError):
         found = None
     if found is not None and found.path.resolve() == run.resolve():
-        command = shlex.join(["cumf-dask", "train", str(config), "--resume"])
+        # a resume never rebuilds the store its checkpoints were made on
+        rebuilds = config.data.overwrite and config.data.source != "store"
+        keep = ["--set", "data.overwrite=false"] if rebuilds else []
+        command = shlex.join(["cumf-dask", "train", str(path), "--resume", *keep])
         return f"`{command}` (or the command that started the run, with --resume)"
     return "run the command that started it again, with --resume"
 

@@ -949,6 +949,9 @@ def test_an_ingested_store_is_reused_only_for_the_input_that_built_it(work, run_
     assert "test_fraction: 0.2 (the config: 0.5); split: 'pairs' (the config: 'users')" in err
     assert ("set data.overwrite: true to rebuild it, point data.store elsewhere, or train on it "
             f"as it is: cumf-dask train --store {store}") in err  # fmt: skip
+    os.utime(work / "reuse.csv", (1, 1))  # touched: a re-download of the same bytes
+    _, err = run_cli("plan", *base, code=3)
+    assert "reuse.csv changed since it was ingested (modified " in err
     with open(work / "reuse.csv", "a") as fh:
         fh.write("user-1,film 99,3\n")
     _, err = run_cli("train", *base, code=3)
@@ -996,6 +999,35 @@ def test_a_resume_that_would_build_the_store_again_is_refused_first(tmp_path, cl
         "iterations"] == 2  # fmt: skip
 
 
+def test_a_resume_takes_its_checkpoints_store_as_it_is(tmp_path, clients):
+    """An ingested store whose input was touched since (the same bytes downloaded again) is
+    not reused by a new run, but a --resume goes on, on the store its checkpoints were made
+    on: whether it would be built the same today does not matter to them."""
+    from dataclasses import replace
+
+    from cumf_dask.config import load_config
+    from cumf_dask.pipeline import train
+
+    rng = np.random.default_rng(3)
+    pairs = np.unique(rng.integers(0, [60, 20], size=(400, 2)), axis=0)
+    (tmp_path / "r.csv").write_text("".join(f"{u},{i},{rng.integers(1, 6)}\n" for u, i in pairs))
+    config = load_config(data={
+        "data": {"source": "ingest", "store": str(tmp_path / "r.zarr"),
+                 "ingest": {"path": str(tmp_path / "r.csv")}},
+        "model": {"factors": 2, "iterations": 1},
+        "output": {"dir": str(tmp_path / "runs"), "name": "r"},
+    })  # fmt: skip
+    train(config, client=clients(1), log=lambda _: None)
+    os.utime(tmp_path / "r.csv", (1, 1))
+    with pytest.raises(StoreError, match=r"r\.csv changed since it was ingested"):
+        train(config, client=clients(1), log=lambda _: None)
+    more = replace(config, model=replace(config.model, iterations=2))
+    said: list[str] = []
+    assert train(more, resume=True, client=clients(1), log=said.append).summary[
+        "iterations"] == 2  # fmt: skip
+    assert any("the store the checkpoints were made on, as it is" in line for line in said)
+
+
 def test_a_reader_that_exits_early_ends_the_command_quietly(flow, work):
     """`cumf-dask ... | head` whose reader is gone before the output: exit 141 (128 +
     SIGPIPE, as a shell reports it) and nothing on stderr, with --json too."""
@@ -1009,8 +1041,18 @@ def test_a_reader_that_exits_early_ends_the_command_quietly(flow, work):
 
 
 def test_a_damaged_models_advice_is_a_command_that_restores_it(flow, work, run_cli):
-    """Also for a run started with --store (no CONFIG to name): the run's own config.yaml."""
+    """Also for a run started with --store (no CONFIG to name): the run's own config.yaml;
+    for a run whose config rebuilds its store, with data.overwrite off (a resume never
+    rebuilds the store its checkpoints were made on)."""
     import shlex
+
+    from cumf_dask.records import how_to_resume
+
+    run_cli("train", "tiny.yaml", "--set", "data.overwrite=true", "--set", "output.name=ow",
+            "--set", "data.store=data/ow.zarr", "--set", "model.iterations=1", "-q")  # fmt: skip
+    assert how_to_resume(work / "runs" / "ow-latest").endswith(
+        "config.yaml --resume --set data.overwrite=false` (or the command that started the "
+        "run, with --resume)")  # fmt: skip
 
     run_cli("train", "--store", "data/ratings.zarr", "--set", "model.iterations=1", "--set",
             "model.factors=2", "--set", "output.name=dmg", "--set",
@@ -1047,6 +1089,17 @@ def test_a_failed_resume_leaves_metrics_jsonl_as_its_model(flow, work, tmp_path,
         train(more, resume=True, client=clients(1), on_iteration=stop, log=lambda _: None)
     lines = (first.run.path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == first.model.metrics_
+    recorded = (first.run.path / "config.yaml").read_text()
+
+    def save_cut_short(*args, **kwargs):  # Ctrl-C or a full disk while the model is saved
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr("cumf_dask.model.ALS.save", save_cut_short)
+        train(more, resume=True, client=clients(1), log=lambda _: None)
+    lines = (first.run.path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == first.model.metrics_
+    assert (first.run.path / "config.yaml").read_text() == recorded
 
 
 def test_recommend_says_when_rated_items_are_not_left_out(work, run_cli, clients):
@@ -1095,6 +1148,12 @@ def test_paths_in_the_wrong_place_name_the_fix(flow, work, run_cli, tmp_path):
     _, err = run_cli("plan", "--set", "data.source=ingest", "--set", "data.store=data/no.zarr",
                      code=2)  # fmt: skip
     assert "data.ingest.path is empty: set the input file to ingest" in err
+    _, err = run_cli("plan", "--set", "data.source=ingest", "--set", "data.store=data/no.zarr",
+                     "--set", "data.ingest.path=data/ratings.zarr", code=2)  # fmt: skip
+    assert ("data.ingest.path data/ratings.zarr is a rating store already, not a ratings file: "
+            "train on it with data.source: store") in err  # fmt: skip
+    _, err = run_cli("ingest", "", "-o", "data/again.zarr", code=2)
+    assert "the input path is empty: give the ratings file to ingest" in err
     (tmp_path / "gone-latest").symlink_to("gone-20990101-000000")
     _, err = run_cli("evaluate", str(tmp_path / "gone-latest"), code=3)
     assert "gone-latest is a link to gone-20990101-000000, which is gone (deleted or moved)" in err

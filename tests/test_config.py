@@ -340,3 +340,7 @@ def test_set_values_yaml_reads_as_no_text():
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_config(overrides=[f"output.dir={text}"])
     assert load_config(overrides=['output.dir="~"']).output.dir == str(Path.home())
+    with pytest.raises(ConfigError, match=r"'output\.name' must be a string, got None"):
+        load_config(overrides=["output.name= "])  # blank: a delimiter's value alone
+    with pytest.raises(ConfigError, match=r"'output\.name' is ' a': give a name without space"):
+        load_config(data={"output": {"name": " a"}})

@@ -33,7 +33,7 @@ from cumf_dask.engine.cluster import (
     worker_addresses,
     workers_info,
 )
-from cumf_dask.errors import CumfWarning, DeviceMemoryError
+from cumf_dask.errors import CumfWarning, DeviceMemoryError, HostMemoryError
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
 from cumf_dask.pipeline import train
@@ -334,6 +334,11 @@ def test_host_memory_that_cannot_be_locked_gets_a_plan_off_host(tmp_path, monkey
     rerun = make_plan(2000, 300, store.nnz, 16, 1, 10**8, *counts,
                       PlanConfig(blocks="store", factors="device"), "cupy")  # fmt: skip
     assert rerun.blocks == "store" and rerun.host_factor is None
+    failed = HostMemoryError("a worker ran out of memory locking 8,388,608 bytes")
+    said = str(fit._out_of_memory(failed, SimpleNamespace(plan=rerun), 10**8, 0, None))
+    assert said.endswith("this plan keeps R and the factors off host memory already: what "
+                         "could not be locked is the decoding threads' staging buffers (raise "
+                         "the locked-memory limit)")  # fmt: skip
 
 
 @pytest.mark.gpu

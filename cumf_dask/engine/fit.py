@@ -656,7 +656,14 @@ def _out_of_memory(
     """
     fraction = _dask_fraction("pause", 0.8)
     if isinstance(exc, HostMemoryError):  # not the device's: R and the factors off the host
-        off_host = suggest_plan(engine, memory, engine.plan.budget, plan_config, off_host=True)
+        plan = engine.plan
+        if plan.blocks != "host" and plan.host_factor is None:
+            return HostMemoryError(
+                f"{exc}; this plan keeps R and the factors off host memory already: what "
+                "could not be locked is the decoding threads' staging buffers (raise the "
+                "locked-memory limit)"
+            )
+        off_host = suggest_plan(engine, memory, plan.budget, plan_config, off_host=True)
         return HostMemoryError(f"{exc}; {off_host}")
     if isinstance(exc, DeviceMemoryError):  # a GPU (or CPU) allocation failed in a task
         what, room = str(exc), _device_capacity(engine) or memory
