@@ -212,3 +212,23 @@ def test_fit_on_scheduler_and_worker_processes(scheduler_file, tmp_path):
     assert rel_err(model.user_factors_, X) < 1e-4
     assert rel_err(model.item_factors_, T) < 1e-4
     assert np.isfinite(model.metrics_[-1]["train_rmse"])
+
+
+def test_workers_do_not_log_the_tracebacks_of_the_fits_own_errors():
+    """A task failing with one of cumf-dask's errors, at any depth of the hierarchy
+    (HostMemoryError is a DeviceMemoryError), is reported by the fit in one line: Dask's
+    "Compute Failed" record of it is dropped; any other failure is kept."""
+    import logging
+
+    from cumf_dask.engine.cluster import RaisedByTheFit
+    from cumf_dask.errors import HostMemoryError, StoreError
+
+    def record(exc: Exception) -> logging.LogRecord:
+        return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 0,
+                                 "Compute Failed\nKey: %s\nState: %s\nTask: %s\nException: %s",
+                                 ("key", "executing", "task", repr(exc)), None)  # fmt: skip
+
+    kept = RaisedByTheFit().filter
+    assert not kept(record(HostMemoryError("locking 8 bytes")))
+    assert not kept(record(StoreError("damaged store")))
+    assert kept(record(ValueError("a bug")))

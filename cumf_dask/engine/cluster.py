@@ -145,12 +145,17 @@ def blas_pinned(client: Client) -> Iterator[None]:
                 client.unregister_worker_plugin(name)
 
 
+def _subclasses(cls: type) -> list[type]:
+    """Every class derived from `cls`, at any depth (HostMemoryError is a DeviceMemoryError)."""
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+
+
 class RaisedByTheFit(logging.Filter):
     """Drops Dask's "Compute Failed" record (a task, its arguments and a traceback, on the
     worker's stderr) when the task failed with one of cumf-dask's own errors: the fit raises
     that error with its message, which is all a user should see (the CLI's one line)."""
 
-    OWN = tuple(f"{cls.__name__}(" for cls in (*CumfError.__subclasses__(), NonFiniteFactor))
+    OWN = tuple(f"{cls.__name__}(" for cls in (*_subclasses(CumfError), NonFiniteFactor))
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
