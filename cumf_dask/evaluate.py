@@ -27,8 +27,9 @@ def ranking_metrics(
 
     `model`: an ALS or an ImplicitALS (whose own metrics, MAP and AUC too, are
     :func:`cumf_dask.implicit.ranking_metrics_at_k`); `store`: the model's store or its path.
-    Relevant items are a user's held-out items (rated >= `threshold` when given); training
-    items are excluded from the recommendations. At most `max_users` users (a seeded sample).
+    Relevant items are a user's held-out items (rated >= `threshold` when given; for an
+    ImplicitALS, those of a positive count: a count of 0 is no preference); training items
+    are excluded from the recommendations. At most `max_users` users (a seeded sample).
     `k` must be an integer >= 1; above the number of items n it is clamped to n (the keys and
     ``"k"`` say the k used). A user with fewer than k unseen items is scored on the ones there
     are (the places left count as misses), so no metric is ever NaN.
@@ -46,6 +47,7 @@ def ranking_metrics(
             "test fraction (--test-fraction) to compute ranking metrics"
         )
     rows, cols, vals = store.read_coo("row", split="test")
+    implicit = getattr(model, "implicit", False)
     if threshold is not None:
         keep = vals >= threshold
         if not keep.any():
@@ -55,6 +57,12 @@ def ranking_metrics(
                 f"{top:g}); give a threshold of at most {top:g}, or leave it out"
             )
         rows, cols = rows[keep], cols[keep]
+    elif implicit:  # p = 0 for a count of 0: not an item the user is known to like
+        keep = vals > 0
+        if not keep.any():
+            raise StoreError(f"{store.url}: no held-out count is positive, so no item is "
+                             "relevant to rank; hold out interactions of counts above 0")
+        rows, cols = rows[keep], cols[keep]
     users = np.unique(rows)
     if max_users is not None and users.size > max_users:
         users = np.sort(np.random.default_rng(seed).choice(users, max_users, replace=False))
@@ -62,7 +70,7 @@ def ranking_metrics(
     rows, cols = rows[order], cols[order]
     starts = np.searchsorted(rows, users)
     ends = np.searchsorted(rows, users, side="right")
-    if getattr(model, "implicit", False):  # ImplicitALS names the option as implicit does
+    if implicit:  # ImplicitALS names the option as implicit does
         top, _ = model.recommend_indices(users, k, filter_already_liked_items=True, store=store)
     else:
         top, _ = model.recommend_indices(users, k=k, exclude_seen=True, store=store)
@@ -77,9 +85,9 @@ def ranking_metrics(
         ndcg += (discounts[: hits.size] * hits).sum() / ideal
     count = users.size
     return {
-        f"precision@{k}": precision / count,
-        f"recall@{k}": recall / count,
-        f"ndcg@{k}": ndcg / count,
+        f"precision@{k}": float(precision / count),
+        f"recall@{k}": float(recall / count),
+        f"ndcg@{k}": float(ndcg / count),
         "k": k,
         "users": int(count),
     }

@@ -480,3 +480,43 @@ def test_cli_trains_evaluates_and_recommends_on_counts(tmp_path, capsys, monkeyp
     total = store.nnz + store.nnz_test
     assert total == len({tuple(p) for p in plays.tolist()}) and store.stats["max"] > 1
     assert (store.counts("row") > 0).all()  # split by user: everyone keeps training plays
+
+
+def test_held_out_counts_of_zero_are_not_relevant_in_either_metric(tmp_path, client2):
+    """A count of 0 is no preference (p = 0): evaluate.ranking_metrics scored it as relevant
+    for an ImplicitALS, and so ranked other users, with other numbers, than
+    ranking_metrics_at_k on the same model."""
+    rng = np.random.default_rng(1)
+    users = np.repeat(np.arange(20), 6)
+    items = np.concatenate([rng.choice(15, 6, replace=False) for _ in range(20)])
+    counts = rng.integers(0, 3, users.size).astype(float)  # a third are 0
+    store = build_store(str(tmp_path / "z.zarr"), users, items, counts, shape=(20, 15),
+                        test_fraction=0.3, split="users")  # fmt: skip
+    assert (store.read_coo("row", split="test")[2] == 0).any()
+    model = ImplicitALS(3, 0.1, 1.0, 3, backend="numpy").fit(store, client=client2)
+    ours, theirs = ranking_metrics(model, store, 5), ranking_metrics_at_k(model, store, 5)
+    for key in ("precision@5", "recall@5", "ndcg@5", "users"):
+        assert ours[key] == pytest.approx(theirs[key]), key
+        assert type(ours[key]) in (float, int)
+
+
+def test_bad_implicit_inputs_are_one_clear_error(tmp_path, client2):
+    """Pairs given twice to the split (a test pair would leak into training), counts all 0
+    (nothing to learn: all-zero factors that rank at random), a held-out item the model
+    never saw, and metrics without a training store: each one error naming the fix."""
+    with pytest.raises(ConfigError, match=r"given more than once .* sum their counts first"):
+        train_test_split(np.array([0, 0, 0, 0]), np.array([5, 5, 1, 2]), np.ones(4), 0.5)
+    zeros = (np.array([0, 1, 2]), np.array([0, 1, 2]), np.zeros(3), (3, 3))
+    with pytest.raises(ConfigError, match="needs some positive counts, and every one of its 3"):
+        ImplicitALS(2, backend="numpy").fit(zeros, client=client2)
+    users, items = np.array(["a", "a", "b", "b"]), np.array(["x", "y", "x", "w"])
+    model = ImplicitALS(2, iterations=1, backend="numpy").fit((users, items, np.ones(4)),
+                                                              client=client2)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"'z' .*leave such pairs out of test, or fit with a "
+                       "shape"):  # fmt: skip
+        ranking_metrics_at_k(model, (np.array(["a"]), np.array(["z"])), 2,
+                             train=(users, items))  # fmt: skip
+    model.save(tmp_path / "arrays.zarr")  # loaded, it names no training store
+    with pytest.raises(ConfigError, match=r"names no training store.*pass train="):
+        ranking_metrics_at_k(ALS.load(tmp_path / "arrays.zarr"),
+                             (np.array(["a"]), np.array(["w"])), 2)  # fmt: skip

@@ -257,7 +257,7 @@ def fit(
         memory = worker_memory(client, backend)
         workers, link = _link(client, workers, backend, memory)
         rows, cols = store.counts("row"), store.counts("col")
-        _warn_unrated(rows, cols)
+        _warn_unrated(rows, cols, params.kind == "implicit")
 
         def plan_for(count: int, config: PlanConfig | None, memory: int) -> Plan:
             return make_plan(
@@ -326,15 +326,18 @@ def _cluster_kept(client: Client) -> Iterator[None]:
         ) from None
 
 
-def _warn_unrated(rows: np.ndarray, cols: np.ndarray) -> None:
+def _warn_unrated(rows: np.ndarray, cols: np.ndarray, implicit: bool) -> None:
     """A CumfWarning when users or items have no training rating: ALS leaves their factors
-    at zero, so they predict 0, and held-out ratings of theirs are scored as such."""
+    at zero, so they predict 0, and held-out ratings of theirs are scored as such (the
+    implicit model: every item scores 0 for such a user, such an item for every user)."""
     empty = [f"{k:,} of {c.size:,} {noun}" for c, noun in ((rows, "users"), (cols, "items"))
              if (k := int(np.count_nonzero(c == 0)))]  # fmt: skip
     if empty:
+        scored = ("they score 0 in every ranking" if implicit else
+                  "they predict 0 (held-out ratings of theirs count so in the test RMSE)")
         warnings.warn(
             f"{' and '.join(empty)} have no training rating: their factors stay zero, so "
-            "they predict 0 (held-out ratings of theirs count so in the test RMSE)",
+            f"{scored}",
             CumfWarning,
             stacklevel=3,
         )

@@ -55,11 +55,20 @@ def train_test_split(
 ) -> tuple[Triple, Triple]:
     """((rows, cols, values) for training, the same held out): per user, round(test_fraction
     n_u) interactions held out, at most n_u - 1 (see the module doc). Ids of any kind (numbers,
-    text) come back as given. Give each (user, item) once (sum repeated counts first)."""
+    text) come back as given. Each (user, item) once: a pair given twice could land on both
+    sides, its held-out interaction then also a training one, so that is refused."""
     check_fraction("test_fraction", test_fraction)
     rows, cols, values = np.asarray(rows), np.asarray(cols), np.asarray(values)
     check_columns_match("train_test_split", "rows, cols and values", rows, cols, values)
-    test = user_split_mask(_split_keys(rows), _split_keys(cols), test_fraction, seed)
+    users, items = _split_keys(rows), _split_keys(cols)
+    repeated = len(np.unique(np.stack([users, items], axis=1), axis=0)) < len(users)
+    if repeated:
+        raise ConfigError(
+            "train_test_split: some (user, item) pairs are given more than once (a log's "
+            "repeated lines): sum their counts first, e.g. with pandas: "
+            "df.groupby(['user', 'item'], as_index=False)['count'].sum()"
+        )
+    test = user_split_mask(users, items, test_fraction, seed)
     train = ~test
     return (rows[train], cols[train], values[train]), (rows[test], cols[test], values[test])
 
@@ -124,7 +133,14 @@ def ranking_metrics_at_k(
         train = test if train is None else train
     else:
         t_users, t_items, t_vals = _arrays("test", test)
-        t_rows, t_cols = ids.users(t_users), ids.items(t_items)
+        try:
+            t_rows, t_cols = ids.users(t_users), ids.items(t_items)
+        except ConfigError as exc:  # with own ids a model knows only its training data's
+            raise ConfigError(
+                f"{exc}; a held-out interaction of a user or item the training data does not "
+                "have (train_test_split can hold out every interaction of an item) cannot be "
+                "ranked: leave such pairs out of test, or fit with a shape (ids as indices)"
+            ) from None
     keep = t_vals > 0
     t_rows, t_cols = t_rows[keep], t_cols[keep]
     users, pos = np.unique(t_rows, return_inverse=True)
@@ -143,6 +159,10 @@ def ranking_metrics_at_k(
         n_train = np.bincount(at, minlength=users.size)
         top, _ = model.recommend_indices(users, k, user_items=user_items, batch=batch)
     else:
+        if train is None and getattr(model, "_store", None) is None and not model.store_url_:
+            raise ConfigError("the model names no training store, whose items are left out of "
+                              "the rankings: pass train= (the training store, or (users, "
+                              "items) arrays of the training interactions)")  # fmt: skip
         store = model._seen_store(train)
         n_train = store.counts("row")[users]
         # a store holds each pair once: its held-out pairs are never its training pairs

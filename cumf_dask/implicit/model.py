@@ -39,12 +39,13 @@ class ImplicitALS(ALS):
 
     Differences from implicit 0.7.3, on purpose: implicit uses the stored value times alpha as
     the confidence (c = alpha r, so binary data with its default alpha = 1 gives c = 1), where
-    this model uses the paper's c = 1 + alpha r: implicit's model on counts r is this one's
-    with ``alpha = 0`` on binary data, and implicit fed the matrix 1 + alpha R with its
-    alpha = 1 is exactly this model. Places left when fewer than k candidates remain come back
-    as id -1 (None where the ids are text) with score -inf (implicit returns filtered items
-    with score -FLT_MAX). Methods take and return the data's own user and item ids, as the
-    explicit ALS's do (implicit's take dense indices): one id layer (:mod:`.ids`) maps them.
+    this model uses the paper's c = 1 + alpha r: on binary data implicit's model (c = 1 for
+    each 1) is this one's with ``alpha = 0``, and implicit fed the matrix 1 + alpha R with its
+    alpha = 1 is exactly this model (on counts r the two differ otherwise). Places left when
+    fewer than k candidates remain come back as id -1 (None where the ids are text) with
+    score -inf (implicit returns filtered items with score -FLT_MAX). Methods take and
+    return the data's own user and item ids, as the explicit ALS's do (implicit's take dense
+    indices): one id layer (:mod:`.ids`) maps them.
     ``recommend_indices`` works in dense indices (rows of ``user_factors_`` and
     ``item_factors_``), as do the `user_items` of :meth:`recommend` and
     :meth:`recalculate_user`.
@@ -144,15 +145,23 @@ class ImplicitALS(ALS):
         )  # fmt: skip
 
     def _check_store(self, store: RatingsStore, source: str | None = None) -> None:
-        """Refuse negative counts, naming `source` (default: the store's URL), and an alpha
-        whose confidence of the largest count overflows float32."""
-        low = store.stats.get("min")
+        """Refuse negative counts, and counts none of which is positive (every preference 0:
+        the optimum is all-zero factors, a model that ranks at random), naming `source`
+        (default: the store's URL), and an alpha whose confidence of the largest count
+        overflows float32."""
+        low, high = store.stats.get("min"), store.stats.get("max")
         if low is not None and low < 0:
             raise ConfigError(
                 f"{source or store.url}: implicit feedback needs counts >= 0, it holds {low:g}; "
                 "use the explicit ALS for signed ratings"
             )
-        check_confidence(self._spec(), store.stats.get("max"))
+        if high is not None and high <= 0:
+            raise ConfigError(
+                f"{source or store.url}: implicit feedback needs some positive counts, and "
+                f"every one of its {store.nnz:,} training counts is 0: there is nothing to "
+                "learn a preference from"
+            )
+        check_confidence(self._spec(), high)
 
     def _as_store(self, data: Any, client: Any) -> tuple[RatingsStore, Any]:
         """Also a SciPy sparse user x item matrix, as implicit's ``fit(user_items)``. In-memory
