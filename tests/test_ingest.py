@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import lzma
 import os
 import re
 import signal
@@ -189,6 +190,28 @@ def test_parquet_columns_by_name_else_by_position(tmp_path):
         assert contents(store) == {(1, 10): 5.0, (2, 20): 3.0}
 
 
+def test_parquet_fallback_refuses_a_misplaced_column_name(tmp_path):
+    """MovieLens written column by column: the first three would read ratings as item ids."""
+    pq.write_table(pa.table({"userId": [1, 2], "rating": [3.0, 4.0], "movieId": [1193, 661]}),
+                   tmp_path / "ml.parquet")  # fmt: skip
+    with pytest.raises(IngestError, match=r"ml\.parquet: the column 'rating' is at position 1.*"
+                       r"--columns userId,movieId,rating"):  # fmt: skip
+        ingest_file(tmp_path / "ml.parquet", tmp_path / "s.zarr", "parquet")
+    store = ingest_file(tmp_path / "ml.parquet", tmp_path / "s.zarr", "parquet",
+                        columns=["userId", "movieId", "rating"])  # fmt: skip
+    assert contents(store) == {(1, 1193): 3.0, (2, 661): 4.0}
+
+
+def test_parquet_repeated_column_names(tmp_path):
+    table = pa.table([pa.array([1, 2]), pa.array([10, 20]), pa.array([4.0, 3.0])],
+                     names=["a", "a", "b"])  # fmt: skip
+    pq.write_table(table, tmp_path / "d.parquet")
+    store = ingest_file(tmp_path / "d.parquet", tmp_path / "s.zarr", "parquet")
+    assert contents(store) == {(1, 10): 4.0, (2, 20): 3.0}
+    with pytest.raises(IngestError, match=r"d\.parquet: column 'a' appears 2 times; give the "):
+        ingest_file(tmp_path / "d.parquet", tmp_path / "t.zarr", "parquet", columns=["a", 1, 2])
+
+
 def test_parquet_bad_rating_names_row(tmp_path):
     table = pa.table({"u": [1, 2, 3], "i": [4, 5, 6], "r": [1.0, float("nan"), 2.0]})
     pq.write_table(table, tmp_path / "r.parquet")
@@ -203,7 +226,7 @@ def test_parquet_bad_rating_names_row(tmp_path):
         (["a", None], r"r0\.pq, row 2: the user id is missing"),
         (pa.array([7, None], pa.int64()), r"r0\.pq, row 2: the user id is missing"),
         ([[7], [8]], r"r0\.pq, row 1: the user id array\(\[7\]\) is not a scalar"),
-        ([1, 2], r"^user ids 1 and '1' are different ids that read alike as text"),
+        ([1, 2], r"r0\.pq and \S*r1\.pq: user ids 1 and '1' are different ids that read alike"),
         ([True, False], r"r0\.pq, row 1: the user id True is a bool; ids must be numbers"),
     ],
 )
@@ -229,6 +252,45 @@ def test_compressed_input(tmp_path, suffix, opener):
     records = make_ratings(4)
     path = write(tmp_path / f"r.csv{suffix}", [f"{u},{i},{r}" for u, i, r in records], opener)
     assert contents(ingest_file(path, tmp_path / "s.zarr")) == expected(records)
+
+
+@pytest.mark.parametrize("suffix, opener", [(".gz", gzip.open), (".xz", lzma.open)])
+def test_damaged_compressed_input(tmp_path, suffix, opener):
+    """zlib and lzma raise errors of their own (no OSError) on damaged data."""
+    path = write(tmp_path / f"r.csv{suffix}", [f"{k},{k % 7},3" for k in range(20_000)], opener)
+    data = bytearray(Path(path).read_bytes())
+    data[12:20] = bytes(b ^ 0xFF for b in data[12:20])
+    Path(path).write_bytes(bytes(data))
+    with pytest.raises(IngestError, match=r"r\.csv\.\w+: the compressed data is damaged"):
+        ingest_file(path, tmp_path / "s.zarr")
+    assert_nothing_at(tmp_path / "s.zarr")
+
+
+def test_plain_text_named_gz(tmp_path):
+    path = write(tmp_path / "r.csv.gz", ["1,10,4"])
+    with pytest.raises(IngestError, match=r"r\.csv\.gz: not gzip-compressed data .* without \.gz"):
+        ingest_file(path, tmp_path / "s.zarr")
+
+
+def test_truncated_compressed_parquet(tmp_path):
+    pq.write_table(pa.table({"u": [1, 2], "i": [3, 4], "r": [5.0, 4.0]}), tmp_path / "r.parquet")
+    packed = gzip.compress((tmp_path / "r.parquet").read_bytes())
+    (tmp_path / "r.parquet.gz").write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(IngestError, match=r"r\.parquet\.gz: the compressed data is damaged"):
+        ingest_file(tmp_path / "r.parquet.gz", tmp_path / "s.zarr", "parquet")
+
+
+def test_a_file_that_changes_while_it_is_read_is_refused(tmp_path):
+    """Another process rewriting the file mid-read would mix two versions of it."""
+    path = write(tmp_path / "r.csv", [f"{k},{k % 100},1" for k in range(3000)])
+
+    def rewrite(stage, done, total):
+        if stage == "read" and os.path.getsize(path) == total:  # once, after the first chunk
+            write(path, [f"{k},{k % 100},5" for k in range(1000)])
+
+    with pytest.raises(IngestError, match=r"r\.csv: changed while it was read \(size 28590 -> 87"):
+        ingest_file(path, tmp_path / "s.zarr", chunk_rows=500, progress=rewrite)
+    assert_nothing_at(tmp_path / "s.zarr")
 
 
 def test_fsspec_url(tmp_path):
@@ -315,6 +377,19 @@ def test_text_ids_stay_strings_unless_plain_integers(tmp_path):
     assert store.ids("cols").tolist() == [-3, 2]
 
 
+def test_one_number_written_two_ways_is_refused(tmp_path):
+    """'1' and '1.0' kept as text would be two users (as Parquet, 1 and 1.0 are one)."""
+    (tmp_path / "g").mkdir()
+    write(tmp_path / "g" / "a.csv", ["1,10,4", "x,20,3"])
+    write(tmp_path / "g" / "b.csv", ["1.0,10,2", "1.5,20,1"])
+    with pytest.raises(IngestError, match=r"a\.csv and \S*b\.csv: user ids '1' and '1\.0' are one "
+                       "number written two ways"):  # fmt: skip
+        ingest_file(str(tmp_path / "g" / "*.csv"), tmp_path / "s.zarr")
+    path = write(tmp_path / "c.csv", ["1e3,1,4", "x,2,3", "+1000,3,2"])
+    with pytest.raises(IngestError, match=r"user ids '1e3' and '\+1000' .* \(such as 1000\)"):
+        ingest_file(path, tmp_path / "s.zarr")
+
+
 # ----------------------------------------------------------------------------- in memory
 
 
@@ -376,7 +451,7 @@ def test_arrays_errors(tmp_path):
     with pytest.raises(IngestError, match=r"record 1: item id 2\.5 is not a whole number"):
         ingest_arrays(tmp_path / "a.zarr", [0, 1], [1.0, 2.5], [3.0, 2.0])
     for users, pair in (([1, "1"], "1 and '1'"), ([b"a", "a"], "b'a' and 'a'")):
-        with pytest.raises(IngestError, match=f"^user ids {pair} are different ids that read "):
+        with pytest.raises(IngestError, match=f"^the input: user ids {pair} are different ids"):
             ingest_arrays(tmp_path / "a.zarr", np.array(users, object), [1, 2], [3.0, 2.0])
     with pytest.raises(IngestError, match=r"ratings of user 0, item 0 \(records 0 and 2\) sum "
                        r"to 1\.5e\+09, beyond \+-1e\+09"):  # fmt: skip
@@ -489,6 +564,7 @@ def test_a_file_store_records_what_built_it(tmp_path):
 # ----------------------------------------------------------------------------- bad input
 
 GOOD = [f"u{k},i{k % 5},{k % 4 + 1}" for k in range(8)]
+GOOD_INTS = ["1,10,4", "2,20,3"]
 BAD_TEXT = {
     "too many fields": ([*GOOD, "a,b,3,4"], 9, "4 fields where lines have 3", {}),
     "too few fields": ([*GOOD, "a,b"], 9, "a field is missing", {}),
@@ -526,6 +602,22 @@ BAD_TEXT = {
                               "5 fields where lines have 4", {"format": "movielens-100k"}),
     "header shorter than data": (["user,item,rating", "1,10,5,123", "2,20,3,456"], 2,
                                  "4 fields where the header (line 1) names 3", {}),
+    "header asked for on a rating": (GOOD_INTS, 1, "reads as a rating; drop --header",
+                                     {"header": True}),
+    "quote never closed": ([*GOOD, 'a,b,"3', *GOOD], 9,
+                           'a quote (") opens a field that is never closed', {}),
+    "NUL byte past the first block": ([*(f"{k},{k},3" for k in range(2000)), "5\0,2,3"], 2001,
+                                      "not a text file: it holds binary data", {}),
+    "quoted line break before": (['u,i,r', '"c', 'd",20,3', "", '"e', '', 'f",2,1', "3,30,x"], 8,
+                                 "rating 'x'", {}),
+    "quoted line break before too many fields": ([*GOOD, '"c', 'd",20,3', "", "3,30,5,6"], 12,
+                                                 "4 fields where lines have 3", {}),
+    "quoted line break before a quote never closed": (['"c', 'd",20,3', *GOOD, '3,30,"5'], 11,
+                                                      "a quote (\") opens a field that", {}),
+    "quote with a delimiter of several characters": (["a||b||1", '"c||d"||e||2'], 2,
+                                                     "quotes do not keep a field together",
+                                                     {"format": "delimited", "delimiter": "||"}),
+    "long values cut": ([*GOOD, f"{'u' * 10**5},1,{'9' * 10**5}x"], 9, "rating '999", {}),
 }  # fmt: skip
 
 
@@ -539,8 +631,26 @@ def test_bad_text_input(tmp_path, case, chunk_rows):
         ingest_file(path, url, chunk_rows=chunk_rows, **kwargs)
     message = str(info.value)
     where = f"line {line}" if isinstance(line, int) else line
-    assert f"bad.csv, {where}" in message and words in message
+    assert f"bad.csv, {where}" in message and words in message and len(message) < 400
     assert_nothing_at(url)
+
+
+def test_quoted_line_breaks_and_blank_lines(tmp_path):
+    """A quoted field holding line breaks: the rows after it keep their lines, and blank
+    lines (a trailing one too) are skipped."""
+    path = write(tmp_path / "q.csv", ["user,item,rating", '"c', 'd",20,3', "", "3,30,5", ""])
+    for chunk_rows in (1, 1000):
+        store = ingest_file(path, tmp_path / f"s{chunk_rows}.zarr", chunk_rows=chunk_rows)
+        assert contents(store) == {("c\nd", 20): 3.0, ("3", 30): 5.0}
+
+
+def test_text_that_is_not_utf8_names_its_line(tmp_path):
+    lines = [f"{k},{k % 7},3" for k in range(1000)]
+    lines[500] = "5\xe9,1,3"
+    path = tmp_path / "latin.csv"
+    path.write_bytes("".join(f"{line}\n" for line in lines).encode("latin-1"))
+    with pytest.raises(IngestError, match=r"latin\.csv, line 501: byte 0xe9 is not UTF-8.*iconv"):
+        ingest_file(path, tmp_path / "s.zarr")
 
 
 def test_bad_options_and_missing_files(tmp_path):

@@ -12,11 +12,12 @@ Ids:
   (strings, sparse integers): they are numbered 0, 1, ... in order of first appearance and the
   map is kept in the store (``store.ids("rows")`` / ``store.ids("cols")``). Ids read from text
   are strings; when every id of an axis is a plain integer (``17``, not ``017``) the map is
-  stored as int64. In-memory and Parquet ids keep their type, except floats: those must be
-  whole numbers and are stored as int64 (a fraction is an error, never truncated); Python
-  or NumPy integers in an object array are stored as int64, other objects and bytes as
-  text, so two ids that read alike as text (``1`` and ``"1"``, ``b"a"`` and ``"a"``) are an
-  error. An id must be a scalar (a list is an error).
+  stored as int64; else one whole number written two ways (``1`` and ``1.0``) is an error.
+  In-memory and Parquet ids keep their type, except floats: those must be whole numbers
+  and are stored as int64 (a fraction is an error, never truncated); Python or NumPy
+  integers in an object array are stored as int64, other objects and bytes as text, so two
+  ids that read alike as text (``1`` and ``"1"``, ``b"a"`` and ``"a"``) are an error. An id
+  must be a scalar (a list is an error).
 * A declared size uses the ids as indices directly (no map): they must be integers in
   ``[0, m)`` / ``[0, n)``. A SciPy matrix always declares its shape.
 
@@ -30,7 +31,8 @@ numbers as files write them: ``1_0`` or non-ASCII digits are not numbers.
 
 Errors in the input (a malformed line, a rating that is not a finite number, outside the
 declared scale or beyond +-1e9, an id out of the declared range, an empty file, a repeated
-pair under ``duplicates="error"``, a binary or compressed file read as text) raise one
+pair under ``duplicates="error"``, a binary or compressed file read as text, damaged
+compressed data, a file that changed while it was read) raise one
 :class:`~cumf_dask.errors.IngestError` that names the file and the 1-based line (the record
 for in-memory input). Nothing is left at ``url`` then, and an existing store there is untouched
 (a remote URL is checked against all of these before it is written; it is written in place,
@@ -51,6 +53,7 @@ input files, or records of in-memory input; total None when unknown), then with 
 
 from __future__ import annotations
 
+import decimal
 import itertools
 import os
 import re
@@ -135,7 +138,8 @@ def ingest_file(
     delimiter, header, columns : override the format's (text formats; `columns` also for
         Parquet): the user, item and rating columns by name or 0-based position. Parquet
         without `columns`: the columns named user, item and rating when it has all three,
-        else the first three.
+        else the first three, unless a column's name says it is another (such as a column
+        'rating' second): an error.
         ``header=None`` guesses: a header when line 1's rating field reads as a name (it
         has a letter and is no number and no NA) and its user and item fields are not both
         numbers (then it is a data line with a bad rating, an error).
@@ -285,6 +289,7 @@ class _Axis:
         self.noun, self.letter, self.size = noun, letter, size
         self._codes: dict[Any, int] = {}
         self._new: list[np.ndarray] = []
+        self._firsts: list[int] = []  # the first record number of each chunk of `_new`
         self.labels: np.ndarray | None = None
 
     def encode(self, ids: np.ndarray, seq: np.ndarray, records: Records) -> np.ndarray:
@@ -301,7 +306,7 @@ class _Axis:
             if k is None:
                 raise
             raise IngestError(
-                f"{records.where(seq[k])}: the {self.noun} id {show(ids[k])[:40]} is not a "
+                f"{records.where(seq[k])}: the {self.noun} id {show(ids[k])} is not a "
                 f"scalar (type {type(ids[k]).__name__}); ids must be scalars: numbers or text"
             ) from None
         if (codes < 0).any():
@@ -314,6 +319,7 @@ class _Axis:
         known[new] = np.arange(len(self._codes), len(self._codes) + int(new.sum()))
         self._codes.update(zip(uniques[new].tolist(), known[new].tolist(), strict=True))
         self._new.append(uniques[new])
+        self._firsts.append(int(seq[0]) if len(seq) else 0)
         return known[codes]
 
     def _refuse_bools(self, ids: np.ndarray, seq: np.ndarray, records: Records) -> None:
@@ -357,13 +363,24 @@ class _Axis:
             )
         return idx.astype(np.int64)
 
-    def finish(self, text_ids: bool) -> np.ndarray | None:
+    def finish(self, records: Records) -> np.ndarray | None:
         """The map from indices to ids (None for a declared size); kept in `labels`."""
         if self.size is None:
             mixed = len({a.dtype for a in self._new}) > 1  # e.g. ints in one file, text in one
             ids = np.concatenate(self._new, dtype=object if mixed else None)
-            self.labels = _integer_ids(ids) if text_ids else _stored_ids(ids, self.noun)
+            origins = lambda i, j: self._origins(records, i, j)  # noqa: E731
+            if records.text_ids:
+                self.labels = _integer_ids(ids, self.noun, origins)
+            else:
+                self.labels = _stored_ids(ids, self.noun, origins)
         return self.labels
+
+    def _origins(self, records: Records, *indices: int) -> str:
+        """Where the ids of these map indices came from: the file of each (the input when
+        in memory), named once when they are one."""
+        ends = np.cumsum([len(a) for a in self._new])
+        firsts = [self._firsts[int(np.searchsorted(ends, i, "right"))] for i in indices]
+        return " and ".join(dict.fromkeys(records.origin(f) for f in firsts))
 
     def label(self, index: int) -> str:
         return show(self.labels[index]) if self.labels is not None else str(index)
@@ -402,7 +419,7 @@ def ingest_chunks(
         if count == 0:
             hint = "" if type(records) is Records else " (an empty file, or only a header)"
             raise IngestError(f"{records.name}: no ratings found{hint}")
-        row_ids, col_ids = users.finish(records.text_ids), items.finish(records.text_ids)
+        row_ids, col_ids = users.finish(records), items.finish(records)
     except BaseException:
         builder.abort()
         raise
@@ -432,8 +449,8 @@ def _ratings(chunk: Chunk, records: Records, scale: Scale) -> np.ndarray:
     within +-MAX_RATING; the first that is not is an error naming its line."""
     dtype = getattr(chunk.ratings, "dtype", None)
     if getattr(dtype, "kind", "") in ("c", "m", "M"):  # complex, timedelta, datetime
-        raise IngestError(f"ratings of dtype {dtype} are not real numbers; convert them to "
-                          "an integer or float dtype first")  # fmt: skip
+        raise IngestError(f"{records.origin(chunk.seq[0])}: ratings of dtype {dtype} are not real "
+                          "numbers; convert them to an integer or float dtype first")  # fmt: skip
     values = _numbers(chunk.ratings)
     low, high = scale
     ok = np.isfinite(values)
@@ -488,10 +505,8 @@ def input_identity(path: PathSpec, files: Files) -> dict[str, Any]:
     path resolved (the same text names another file from another working folder), how
     many files it matched, their bytes and the latest modification time (None where the
     file system keeps none)."""
-    try:
-        modified = max(f.fs.modified(f.path) for f in files.files).isoformat()
-    except (NotImplementedError, OSError):  # a file system that keeps no times
-        modified = None
+    times = [modified for _, modified in files.stamps]
+    modified = None if None in times else max(times).isoformat()  # None: no times kept
     return {"resolved": resolved_location(path), "files": len(files), "bytes": files.total,
             "modified": modified}  # fmt: skip
 
@@ -519,19 +534,59 @@ def with_scale(source: dict[str, Any], low: float | None, high: float | None) ->
     return {**source, "rating_min": low, "rating_max": high}
 
 
-def _integer_ids(ids: np.ndarray) -> np.ndarray:
-    """Text ids as int64 when every one is a plain integer ('17', not '017' or '1.0')."""
+def _integer_ids(ids: np.ndarray, noun: str, origins: Callable[[int, int], str]) -> np.ndarray:
+    """Text ids as int64 when every one is a plain integer ('17', not '017' or '1.0'); else
+    as text, where one whole number written two ways ('1' and '1.0') is refused."""
     try:
         ints = ids.astype(np.int64)
     except (TypeError, ValueError, OverflowError):
-        return ids
-    return ints if (ints.astype(str) == ids.astype(str)).all() else ids
+        ints = None
+    if ints is not None and (ints.astype(str) == ids.astype(str)).all():
+        return ints
+    _refuse_numbers_alike(ids, noun, origins)
+    return ids
 
 
-def _stored_ids(ids: np.ndarray, noun: str) -> np.ndarray:
+def _refuse_numbers_alike(ids: np.ndarray, noun: str, origins: Callable[[int, int], str]) -> None:
+    """Refuse text ids that are one whole number written two ways ('1' and '1.0' or '1e0'):
+    kept as text they would be two users (Parquet's 1 and 1.0 are one). Leading zeros
+    ('017') make another id, as documented. Vectorized: ids equal as floats are compared
+    exactly."""
+    like = _number_like(ids)
+    values = pd.to_numeric(pd.Series(ids[like], dtype=object), errors="coerce")
+    same = (values.duplicated(keep=False) & values.notna()).to_numpy(bool)
+    first: dict[decimal.Decimal, int] = {}
+    for k in like[same].tolist():
+        number = decimal.Decimal(ids[k])
+        if re.match(r"[+-]?0[0-9]", ids[k]) or number != number.to_integral_value():
+            continue
+        i = first.setdefault(number, k)
+        if i != k:
+            raise IngestError(
+                f"{origins(i, k)}: {noun} ids {show(ids[i])} and {show(ids[k])} are one "
+                f"number written two ways, so they would be two {noun}s; write each id one "
+                f"way (such as {int(number)})"
+            )
+
+
+def _number_like(ids: np.ndarray) -> np.ndarray:
+    """Positions of the (non-empty, text) ids made only of digits, signs, points and
+    exponents: a scan of all their bytes at once (a Python call per id is slow)."""
+    data = np.frombuffer("\0".join(ids.tolist()).encode(), np.uint8)
+    alien = np.r_[0, np.cumsum(~_NUMBER_BYTES[data], dtype=np.int64)]
+    ends = np.r_[np.flatnonzero(data == 0), len(data)]
+    starts = np.r_[0, ends[:-1] + 1]
+    return np.flatnonzero(alien[ends] == alien[starts])
+
+
+_NUMBER_BYTES = np.isin(np.arange(256), list(b"\x000123456789+-.eE"))
+
+
+def _stored_ids(ids: np.ndarray, noun: str, origins: Callable[[int, int], str]) -> np.ndarray:
     """Mapped ids as the store keeps them: an object array of integers (Python or NumPy,
     not bools) as int64; other objects and bytes as text, where two ids that read alike
-    (1 and '1', b'a' and 'a') would be two users of one name: refused."""
+    (1 and '1', b'a' and 'a') would be two users of one name: refused, naming where
+    (`origins` of their positions) they came from."""
     if ids.dtype.kind not in "OS":  # numbers, or text (kind U) of one type
         return ids
     kind = pd.api.types.infer_dtype(ids, skipna=False)
@@ -548,9 +603,9 @@ def _stored_ids(ids: np.ndarray, noun: str) -> np.ndarray:
         j = int(np.argmax(again))
         i = int(np.argmax(text == text[j]))
         raise IngestError(
-            f"{noun} ids {show(ids[i])} and {show(ids[j])} are different ids that read alike "
-            f"as text ({text[j]!r}), which is how the store keeps them; give the ids one type "
-            "(all numbers, or all text)"
+            f"{origins(i, j)}: {noun} ids {show(ids[i])} and {show(ids[j])} are different ids "
+            f"that read alike as text ({show(text[j])}), which is how the store keeps them; "
+            "give the ids one type (all numbers, or all text)"
         )
     return text
 

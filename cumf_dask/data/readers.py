@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import bisect
 import glob
+import gzip
 import io
 import itertools
+import lzma
 import os
 import re
 import stat
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -75,6 +78,10 @@ class Records:
     def pair(self, a: int, b: int) -> str:
         return f"records {int(a)} and {int(b)}"
 
+    def origin(self, seq: int) -> str:
+        """The input a record came from: its file, or the input when in memory."""
+        return self.name
+
 
 class Files(Records):
     """Input files: a path, a glob or a list of them; local or fsspec URLs; compression inferred.
@@ -112,11 +119,35 @@ class Files(Records):
                     "once); save the ratings to a file first and give that"
                 )
             raise IngestError(f"{name}: no such file; check the path")
-        sizes = [f.fs.size(f.path) for f in self.files]
+        self.stamps = self._stamps()
+        sizes = [size for size, _ in self.stamps]
         self.start = np.cumsum([0] + [s or 0 for s in sizes]).tolist()
         super().__init__(None if None in sizes else self.start[-1])
         self.unit = unit
         self.text_ids = unit == "line"
+
+    def _stamps(self) -> list[tuple[int | None, Any]]:
+        """(bytes, modification time) of each file; None where the file system keeps none."""
+        stamps = []
+        for f in self.files:
+            try:
+                modified = f.fs.modified(f.path)
+            except (NotImplementedError, OSError):
+                modified = None
+            stamps.append((f.fs.size(f.path), modified))
+        return stamps
+
+    def check_unchanged(self) -> None:
+        """Refuse files that changed while they were read: the ratings would mix two
+        versions of a file, and the store's source would name a state never read whole."""
+        for name, (size, modified), (now, later) in zip(
+            self.names, self.stamps, self._stamps(), strict=True
+        ):
+            if (size, modified) != (now, later):
+                raise IngestError(
+                    f"{name}: changed while it was read (size {size} -> {now} bytes, "
+                    f"modified {modified} -> {later}); ingest it again once it is complete"
+                )
 
     def __len__(self) -> int:
         return len(self.files)
@@ -128,6 +159,9 @@ class Files(Records):
     def where(self, seq: int) -> str:
         k, line = divmod(int(seq), FILE_STRIDE)
         return f"{self.names[k]}, {self.unit} {line}"
+
+    def origin(self, seq: int) -> str:
+        return self.names[int(seq) // FILE_STRIDE]
 
     def pair(self, a: int, b: int) -> str:
         (ka, la), (kb, lb) = divmod(int(a), FILE_STRIDE), divmod(int(b), FILE_STRIDE)
@@ -214,24 +248,26 @@ def read_text(files: Files, spec: TextFormat, chunk_rows: int) -> Iterator[Chunk
     whitespace only) are skipped."""
     for k in range(len(files)):
         yield from _read_text_file(files, k, spec, chunk_rows)
+    files.check_unchanged()
 
 
 def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> Iterator[Chunk]:
     skip, positions, fields = _layout(files, k, spec)
-    line, carry = 1 + skip, None
-    separator = _separator(spec.delimiter)
-    with _text_errors(files.names[k]), files.open(k) as (data, raw):
-        stream = _Watched(data, spec.delimiter)
+    carry, separator = None, _separator(spec.delimiter)
+    with _text_errors(files, k) as lines, files.open(k) as (data, raw):
+        stream = lines.stream = _Watched(data, spec.delimiter)
+        lines.record = lines.line = 1 + skip
         reader = pd.read_csv(
             stream, header=None, names=list(range(fields)), skiprows=skip, chunksize=chunk_rows,
             **_PARSE, **separator,
         )  # fmt: skip
         for table in reader:
+            stream.refuse(files.names[k])
             if separator["engine"] == "python":  # it gives a field that a line lacks as None
                 table = table.fillna("")
-            seq = files.seq(k, line, len(table))
-            line += len(table)
-            filled = ~_blank_rows(table, seq - k * FILE_STRIDE, stream.blank_lines(line - 1))
+            seq = lines.number(table)
+            blank = stream.blank_lines(lines.line - 1)
+            filled = ~_blank_rows(table, seq - k * FILE_STRIDE, blank)
             table, seq = table[filled], seq[filled]
             if spec.blocks:
                 table, seq, carry = _netflix_blocks(table, seq, carry, files)
@@ -252,6 +288,7 @@ def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> 
                     f"{_show_sep(spec.delimiter)}); fix or remove the line"
                 )
             yield Chunk(*cols, seq, files.start[k] + raw.tell())
+        stream.refuse(files.names[k])
 
 
 # How every line is parsed (pandas): fields as text, nothing read as NA, leading whitespace
@@ -282,6 +319,15 @@ def _split(line: str, delimiter: str | None) -> list[str] | None:
     return [str(f) for f in table.iloc[0]]
 
 
+def _line_breaks(table: pd.DataFrame) -> np.ndarray | None:
+    """The line breaks in each row's fields (a quoted field may hold some, which the parser
+    keeps), None when there are none: a fast scan of each column first."""
+    columns = [table[c].to_numpy(object) for c in table]
+    if not any("\n" in "".join(c) for c in columns):
+        return None
+    return sum(np.char.count(c.astype(str), "\n") for c in columns).astype(np.int64)
+
+
 def _blank_rows(table: pd.DataFrame, lines: np.ndarray, blank: np.ndarray) -> np.ndarray:
     """Which rows are blank lines. The parser reads a blank line as empty fields, as it
     reads a line of only delimiters (whose fields are missing: an error), so the stream says
@@ -298,7 +344,7 @@ def _layout(files: Files, k: int, spec: TextFormat) -> tuple[int, list[int], int
     data line may not have more fields than that, as no later line may (the parser would
     drop the extra fields of the first with a warning)."""
     name = files.names[k]
-    with _text_errors(name), files.open(k) as (data, _):
+    with _text_errors(files, k), files.open(k) as (data, _):
         head = data.read(_SNIFF)
         kind = binary_kind(head)
         if kind is not None:
@@ -313,6 +359,11 @@ def _layout(files: Files, k: int, spec: TextFormat) -> tuple[int, list[int], int
     where = f"{name}, line {number}"
     fields = _split(first, spec.delimiter) or first.split(spec.delimiter)
     header = spec.header if spec.header is not None else _is_header(fields, spec.columns)
+    if header and _reads_as_rating(fields, spec.columns):
+        raise IngestError(
+            f"{where}: a header was asked for (--header) but this line ({first.strip()[:60]!r}) "
+            "reads as a rating; drop --header (header=True)"
+        )
     labels = [_unquote(f) for f in fields] if header else []
     count = spec.fields or len(fields)
     try:
@@ -329,7 +380,7 @@ def _layout(files: Files, k: int, spec: TextFormat) -> tuple[int, list[int], int
         line, text = lines[1] if len(lines) > 1 else (number, "")
         width = len(_split(text, spec.delimiter) or []) if text else 0
     if width > count:
-        raise _too_many(name, line, width, count, number if header else None)
+        raise _too_many(name, f"line {line}", width, count, number if header else None)
     return number if header else 0, positions, count
 
 
@@ -347,24 +398,39 @@ def _is_header(fields: list[str], columns: tuple[Column, Column, Column]) -> boo
     return rating < len(fields) and _is_name(fields[rating]) and not (number(user) and number(item))
 
 
+def _reads_as_rating(fields: list[str], columns: tuple[Column, Column, Column]) -> bool:
+    """Whether a line taken as the header is a rating: its columns are given by position
+    and every field is a number (a header there would drop that rating silently)."""
+    named = any(isinstance(c, str) for c in columns)
+    return not named and all(_is_number(_unquote(f)) for f in fields)
+
+
 def _first_lines(head: bytes, data: IO[bytes], count: int) -> list[tuple[int, str]]:
     """(number, text) of the first `count` lines that are not blank (fewer when there are
-    not as many): `head` is what was read of `data`, which is read on in blocks (a zstd
-    stream has no readline)."""
+    not as many), a line going on past a line break inside quotes (for 1 MB at most: a
+    stray quote opens none for the parser): `head` is what was read of `data`, which is
+    read on in blocks (a zstd stream has no readline)."""
     found: list[tuple[int, str]] = []
-    number, parts = 1, []
+    number, start, parts, inside, size = 1, 1, [], False, 0
     for block in itertools.chain([head], iter(lambda: data.read(_SNIFF), b"")):
         *ends, rest = block.split(b"\n")
         for end in ends:
-            line, parts = b"".join([*parts, end]), []
+            parts.append(end)
+            number, inside = number + 1, inside ^ (end.count(b'"') % 2 == 1)
+            size += len(end) + 1
+            if inside and size < _SPAN:  # a quoted field goes on in the next line
+                parts.append(b"\n")
+                continue
+            line, parts, inside, size = b"".join(parts), [], False, 0
             if line.strip():
-                found.append((number, _decode(line)))
+                found.append((start, _decode(line)))
                 if len(found) == count:
                     return found
-            number += 1
+            start = number
         parts.append(rest)
+        inside, size = inside ^ (rest.count(b'"') % 2 == 1), size + len(rest)
     line = b"".join(parts)
-    return [*found, (number, _decode(line))] if line.strip() else found
+    return [*found, (start, _decode(line))] if line.strip() else found
 
 
 def _decode(line: bytes) -> str:
@@ -372,6 +438,7 @@ def _decode(line: bytes) -> str:
 
 
 _SNIFF = 8192  # bytes looked at to tell text from binary data
+_SPAN = 1 << 20  # the most bytes of a line with a quoted line break that _first_lines joins
 _MAGIC = (
     (b"\x1f\x8b", "it looks like gzip-compressed data; name it .gz (then it is decompressed) or "
      "decompress it (gunzip)"),
@@ -391,11 +458,14 @@ class _Watched(io.RawIOBase):
     the delimiter went by (only then may a field end in whitespace, and are fields stripped:
     a Python call per value, too slow for every file), and which lines are blank (empty or
     whitespace other than the delimiter: pandas reads them as it reads a line of only
-    delimiters)."""
+    delimiters), and the lines of the first quote (a quoted field may hold line breaks)
+    and of the first NUL byte (binary data; line 1's is refused before: :func:`binary_kind`)."""
 
     def __init__(self, data: IO[bytes], delimiter: str | None):
         super().__init__()
-        self.data, self.spaced = data, False
+        self.data, self.delimiter, self.spaced = data, delimiter, False
+        self.quote: int | None = None
+        self.nul: int | None = None
         self.marks = [m for m in (b" ", b"\t") if delimiter not in (None, m.decode())]
         self.blank: list[int] = []  # numbers of the blank lines read and not yet taken
         self._line, self._tail = 1, b""  # the number of the line that `_tail` begins
@@ -408,8 +478,33 @@ class _Watched(io.RawIOBase):
     def read(self, size: int = -1) -> bytes:
         block = self.data.read(size)
         self.spaced = self.spaced or any(m in block for m in self.marks)
+        self.quote = self.quote or self._line_of(block, b'"')
+        self.nul = self.nul or self._line_of(block, b"\x00")
         self._note_blank(block)
         return block
+
+    @property
+    def quoted(self) -> bool:
+        return self.quote is not None
+
+    def _line_of(self, block: bytes, byte: bytes) -> int | None:
+        """The line of the first `byte` in `block` (None when there is none)."""
+        at = block.find(byte)
+        return None if at < 0 else self._line + (self._tail + block[:at]).count(b"\n")
+
+    def refuse(self, name: str) -> None:
+        """Raise the error of a NUL byte (the parser would take it into a field: an id
+        holding it), or of a quote with a delimiter of several characters (the parser
+        splits at such a delimiter inside quotes), if one went by."""
+        if self.nul is not None:
+            raise IngestError(f"{name}, line {self.nul}: not a text file: {_BINARY}")
+        if self.quote is not None and self.delimiter is not None and len(self.delimiter) > 1:
+            raise IngestError(
+                f"{name}, line {self.quote}: a quote (\"), and with a delimiter of several "
+                f"characters ({self.delimiter!r}) quotes do not keep a field together (one "
+                "holding the delimiter would be split); use a one-character delimiter, or "
+                "remove the quotes"
+            )
 
     def _note_blank(self, block: bytes) -> None:
         """Note the blank lines that `block` completes (all that are left, at the end)."""
@@ -441,11 +536,14 @@ def binary_kind(head: bytes) -> str | None:
         return None
     controls = sum(1 for b in head if b < 32 and b not in b"\t\n\r\f\v") + head.count(127)
     if b"\x00" in head or controls > 0.05 * len(head):
-        return (
-            "it holds binary data (NUL or control bytes), not lines of ratings; give the "
-            "ratings as text (csv, tsv, ...) or Parquet"
-        )
+        return _BINARY
     return None
+
+
+_BINARY = (
+    "it holds binary data (NUL or control bytes), not lines of ratings; give the ratings as "
+    "text (csv, tsv, ...) or Parquet"
+)
 
 
 def _netflix_blocks(
@@ -471,34 +569,143 @@ def _netflix_blocks(
 
 
 @contextmanager
-def _text_errors(name: str) -> Iterator[None]:
-    """Turn parser and decoding errors into one IngestError naming the file (and the line)."""
+def _read_errors(name: str) -> Iterator[None]:
+    """Turn errors of reading a file (damaged compressed data included: zlib and lzma raise
+    their own errors, no OSError) into one IngestError naming the file."""
     try:
         yield
+    except (zlib.error, lzma.LZMAError, gzip.BadGzipFile, EOFError) as exc:
+        if str(exc).startswith("Not a gzipped file"):
+            raise IngestError(f"{name}: not gzip-compressed data ({exc}); if it is plain text, "
+                              "name it without .gz") from None  # fmt: skip
+        raise IngestError(
+            f"{name}: the compressed data is damaged or cut short ({exc}); download or copy the "
+            "file again"
+        ) from None
+    except OSError as exc:
+        raise IngestError(f"{name}: cannot read the file ({exc})") from None
+
+
+@dataclass
+class _Lines:
+    """The line each record of a file begins on. The parser numbers records (1-based,
+    skipped lines counted), and a record spans more lines than one when a quoted field holds
+    line breaks: `record` is the number of the next record and `line` its line."""
+
+    files: Files
+    k: int
+    stream: _Watched | None = None
+    record: int = 1
+    line: int = 1
+
+    def number(self, table: pd.DataFrame) -> np.ndarray:
+        """The record numbers (:class:`Files`: file and line) of the next rows, `table`."""
+        seq = self.files.seq(self.k, self.line, len(table))
+        breaks = _line_breaks(table) if self.stream is not None and self.stream.quoted else None
+        if breaks is not None:  # a row begins after the line breaks of the rows before
+            seq[1:] += np.cumsum(breaks[:-1])
+        self.record += len(table)
+        self.line += len(table) + (0 if breaks is None else int(breaks.sum()))
+        return seq
+
+    def at(self, record: int) -> str:
+        """'line N' of the record the parser numbers `record`, not read yet (it names it in
+        its errors): found by reading the file again when a quote went by."""
+        ahead = record - self.record
+        if self.stream is not None and self.stream.quoted:
+            return f"line {_record_line(self.files, self.k, self.line, ahead)}"
+        return f"line {self.line + ahead}"
+
+
+def _record_line(files: Files, k: int, start: int, ahead: int) -> int:
+    """The line that the record `ahead` records after the one on line `start` begins on: a
+    record goes on past a line break inside quotes (after an odd count of quotes in it)."""
+    inside, number = False, start - 1
+    with _read_errors(files.names[k]), files.open(k) as (data, _):
+        for number, raw in enumerate(_raw_lines(data, start), start):
+            if not inside:
+                if ahead == 0:
+                    return number
+                ahead -= 1
+            inside ^= raw.count(b'"') % 2 == 1
+    return number + 1
+
+
+def _raw_lines(data: IO[bytes], first: int) -> Iterator[bytes]:
+    """The lines of a stream from line `first` on, read in blocks (a zstd stream has no
+    readline); those before are skipped a block at a time."""
+    number, tail = 1, b""  # the number of the line that `tail` begins
+    for block in iter(lambda: data.read(1 << 20), b""):
+        *lines, tail = (tail + block).split(b"\n")
+        yield from lines[max(first - number, 0) :]
+        number += len(lines)
+    if tail and number >= first:
+        yield tail
+
+
+@contextmanager
+def _text_errors(files: Files, k: int) -> Iterator[_Lines]:
+    """Turn parser and decoding errors into one IngestError naming the file (and the line)."""
+    name, lines = files.names[k], _Lines(files, k)
+    try:
+        with _read_errors(name):
+            yield lines
     except pd.errors.ParserError as exc:
         if "Calling read(nbytes) on source failed" in str(exc):
             # Ctrl-C in a read: pandas drops the handler's KeyboardInterrupt (a bare type, no
             # value yet) and raises this instead
             raise KeyboardInterrupt from None
-        found = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(exc))
-        if found is None:
-            raise IngestError(f"{name}: cannot parse the file: {exc}") from None
-        want, line, saw = found.groups()
-        raise _too_many(name, int(line), int(saw), int(want)) from None
-    except UnicodeDecodeError as exc:
-        raise IngestError(f"{name}: not UTF-8 text ({exc}); is the format right?") from None
-    except (OSError, EOFError) as exc:
-        raise IngestError(f"{name}: cannot read the file ({exc})") from None
+        if lines.stream is not None:  # a NUL byte or a quote that went by is the cause
+            lines.stream.refuse(name)
+        raise _parse_error(name, str(exc), lines) from None
+    except UnicodeDecodeError:
+        raise _not_utf8(files, k) from None
 
 
-def _too_many(name: str, line: int, saw: int, want: int, header: int | None = None) -> IngestError:
-    """The error of a line with more fields than lines have (than the header on line
-    `header` names)."""
+def _parse_error(name: str, message: str, lines: _Lines) -> IngestError:
+    """The error of a line the parser refused: too many fields, or a quote never closed."""
+    found = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", message)
+    if found is not None:
+        want, record, saw = found.groups()
+        return _too_many(name, lines.at(int(record)), int(saw), int(want))
+    found = re.search(r"EOF inside string starting at row (\d+)", message)
+    if found is not None:  # a 0-based record number
+        return IngestError(
+            f"{name}, {lines.at(int(found.group(1)) + 1)}: a quote (\") opens a field that is "
+            "never closed; close or remove it"
+        )
+    return IngestError(f"{name}: cannot parse the file: {message}")
+
+
+def _not_utf8(files: Files, k: int) -> IngestError:
+    """The error of a file that is not UTF-8, naming the first line that is not (the
+    parser's error says where in its buffer only), found by reading the file again."""
+    name, number, tail = files.names[k], 1, b""
+    with _read_errors(name), files.open(k) as (data, _):
+        for block in itertools.chain(iter(lambda: data.read(1 << 20), b""), [b"\n"]):
+            text = tail + block
+            end = text.rfind(b"\n") + 1
+            done, tail = text[:end], text[end:]
+            try:
+                done.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                line = number + done.count(b"\n", 0, exc.start)
+                return IngestError(
+                    f"{name}, line {line}: byte 0x{done[exc.start]:02x} is not UTF-8 text; "
+                    "convert the file to UTF-8 (such as iconv -f latin1 -t utf-8 IN > OUT)"
+                )
+            number += done.count(b"\n")
+    return IngestError(f"{name}: not UTF-8 text; convert the file to UTF-8")
+
+
+def _too_many(name: str, at: str, saw: int, want: int, header: int | None = None) -> IngestError:
+    """The error of a line (`at`: 'line 7') with more fields than lines have (than the
+    header on line `header` names)."""
     if header is None:
-        return IngestError(f"{name}, line {line}: {saw} fields where lines have {want}; fix or "
+        return IngestError(f"{name}, {at}: {saw} fields where lines have {want}; fix or "
                            "remove the line (or check the delimiter)")  # fmt: skip
     return IngestError(
-        f"{name}, line {line}: {saw} fields where the header (line {header}) names {want}; "
+        f"{name}, {at}: {saw} fields where the header (line {header}) names {want}; "
         "name every field in the header, or fix the line (or check the delimiter)"
     )
 
@@ -533,6 +740,9 @@ def _show_sep(delimiter: str | None) -> str:
 
 
 _PARQUET_NAMES = ("user", "item", "rating")  # a Parquet file's columns, by name if all there
+# Names that say which column is which (lower case): positions 0, 1, 2 of the fallback
+_ROLES = {"user": 0, "userid": 0, "user_id": 0, "item": 1, "itemid": 1, "item_id": 1,
+          "movie": 1, "movieid": 1, "movie_id": 1, "rating": 2, "ratings": 2}  # fmt: skip
 
 
 def read_parquet(
@@ -546,17 +756,12 @@ def read_parquet(
 
     for k, name in enumerate(files.names):
         try:
-            with files.open(k) as (data, _):
+            with _read_errors(name), files.open(k) as (data, _):
                 pf = pq.ParquetFile(data)
-                labels = pf.schema_arrow.names
-                named = set(_PARQUET_NAMES) <= set(labels)
-                chosen = columns or (_PARQUET_NAMES if named else (0, 1, 2))
-                names = [labels[position(c, labels, len(labels), name)] for c in chosen]
+                picked, read = _parquet_columns(pf.schema_arrow.names, columns, name)
                 rows, total = 0, max(pf.metadata.num_rows, 1)
-                for batch in pf.iter_batches(
-                    batch_size=chunk_rows, columns=list(dict.fromkeys(names))
-                ):
-                    cols = [batch.column(c).to_numpy(zero_copy_only=False) for c in names]
+                for batch in pf.iter_batches(batch_size=chunk_rows, columns=read):
+                    cols = [batch.column(p).to_numpy(zero_copy_only=False) for p in picked]
                     cols[:2] = map(_nan_as_missing, cols[:2])
                     seq = files.seq(k, rows + 1, batch.num_rows)
                     rows += batch.num_rows
@@ -564,6 +769,48 @@ def read_parquet(
                     yield Chunk(*cols, seq, files.start[k] + size * rows // total)
         except pa.ArrowException as exc:
             raise IngestError(f"{name}: cannot read it as Parquet ({exc})") from None
+    files.check_unchanged()
+
+
+def _parquet_columns(
+    labels: list[str], columns: Sequence[Column] | None, name: str
+) -> tuple[list[int], list[str] | None]:
+    """(positions of the user, item and rating columns in each batch, the columns to read:
+    None for all). A file whose column names repeat is read whole and its columns taken by
+    position (pyarrow would read every column of a repeated name)."""
+    named = set(_PARQUET_NAMES) <= set(labels)
+    if columns is None and not named:
+        _refuse_misplaced_names(labels, name)
+    chosen = columns or (_PARQUET_NAMES if named else (0, 1, 2))
+    repeated = next((c for c in chosen if isinstance(c, str) and labels.count(c) > 1), None)
+    if repeated is not None:
+        raise IngestError(
+            f"{name}: column {repeated!r} appears {labels.count(repeated)} times; give the "
+            "columns by 0-based position (--columns 0,1,2)"
+        )
+    picked = [position(c, labels, len(labels), name) for c in chosen]
+    if len(set(labels)) < len(labels):
+        return picked, None
+    read = list(dict.fromkeys(labels[p] for p in picked))
+    return [read.index(labels[p]) for p in picked], read
+
+
+def _refuse_misplaced_names(labels: list[str], name: str) -> None:
+    """Refuse the fallback to the first three columns when a column's name says it is
+    another one (a 'rating' column that would be read as item ids): a silent mis-parse."""
+    found = {_ROLES[label.lower()]: label for label in labels if label.lower() in _ROLES}
+    wrong = next(
+        ((i, label) for i, label in enumerate(labels) if _ROLES.get(label.lower(), i) != i),
+        None,
+    )
+    if wrong is None:
+        return
+    example = ",".join(found[r] for r in range(3)) if len(found) == 3 else "USER,ITEM,RATING"
+    raise IngestError(
+        f"{name}: the column {wrong[1]!r} is at position {wrong[0]}, so the first three "
+        "columns (read as user, item, rating when the file lacks columns named user, item "
+        f"and rating) would misread it; give the columns (--columns {example})"
+    )
 
 
 # ----------------------------------------------------------------------------- in memory
@@ -590,6 +837,8 @@ def _nan_as_missing(ids: np.ndarray) -> np.ndarray:
     return out
 
 
-def show(value: Any) -> str:
-    """A user's id or rating as it should appear in a message."""
-    return repr(value.item() if isinstance(value, np.generic) else value)
+def show(value: Any, limit: int = 60) -> str:
+    """A user's id or rating as it should appear in a message: cut to `limit` characters
+    (a 1 MB id would make a 1 MB message)."""
+    text = repr(value.item() if isinstance(value, np.generic) else value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
