@@ -165,7 +165,7 @@ def block_on_host(bands: Bands, threads: int = 1) -> Block:
     check_columns(c1 - c0)  # so the local columns below fit the int32 indices
     room = int(sum(bands.sizes))
     indices, values = np.empty(room, np.int32), np.empty(room, np.float32)
-    counts = np.zeros(r1 - r0, np.int64)
+    indptr = np.zeros(r1 - r0 + 1, np.int64)
     starts: list[Future] = [Future() for _ in range(bands.count + 1)]
     starts[0].set_result(0)
 
@@ -183,12 +183,12 @@ def block_on_host(bands: Bands, threads: int = 1) -> Block:
         order = np.argsort(major, kind="stable")
         np.subtract(minor[order], c0, out=indices[lo : lo + val.size], casting="same_kind")
         np.take(val, order, out=values[lo : lo + val.size])
-        counts[row : row + n_rows] = np.bincount(major, minlength=n_rows)
+        ends = indptr[row + 1 : row + n_rows + 1]  # its rows' ends, from its place
+        np.cumsum(np.bincount(major, minlength=n_rows), out=ends)
+        ends += lo
 
     run([partial(build, i) for i in range(bands.count)], threads, "assemble")
     size = starts[-1].result()
-    indptr = np.zeros(r1 - r0 + 1, np.int64)
-    np.cumsum(counts, out=indptr[1:])
     return Block(indptr, _shrink(indices, size), _shrink(values, size), r0, c0, r1 - r0, c1 - c0)
 
 

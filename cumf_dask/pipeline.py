@@ -67,9 +67,8 @@ def _reused(config: Config, log: Log, check: bool = True) -> RatingsStore | None
     does not build (`check`: refused when built from other settings, :func:`_check_reuse`),
     or None when there is none."""
     data = config.data
-    try:
-        store = RatingsStore.open(data.store)
-    except StoreError:
+    store = _complete_store(data.store)
+    if store is None:
         return None
     if check:
         _check_reuse(config, store)
@@ -444,7 +443,7 @@ def _resumed_data(config: Config, run: RunFolder, log: Log) -> Config:
     made_on = Checkpointer(run.checkpoints).store_url()
     if made_on != resolved_location(data.store):
         return config  # made on another store (or unknown): the data step as configured
-    if not _opens(data.store):
+    if _complete_store(data.store) is None:
         raise StoreError(
             f"{data.store}: the store the checkpoints of {run.path} were made on is gone, and "
             "they do not resume on a store built again (another build); put it back there, "
@@ -454,13 +453,12 @@ def _resumed_data(config: Config, run: RunFolder, log: Log) -> Config:
     return replace(config, data=replace(data, source="store"))
 
 
-def _opens(url: str) -> bool:
-    """Whether a complete store opens at `url`."""
+def _complete_store(url: str) -> RatingsStore | None:
+    """The complete store at `url`, or None when none opens there."""
     try:
-        RatingsStore.open(url)
+        return RatingsStore.open(url)
     except StoreError:
-        return False
-    return True
+        return None
 
 
 def _check_outputs(config: Config) -> None:

@@ -680,21 +680,16 @@ def _parse_error(name: str, message: str, lines: _Lines) -> IngestError:
 def _not_utf8(files: Files, k: int) -> IngestError:
     """The error of a file that is not UTF-8, naming the first line that is not (the
     parser's error says where in its buffer only), found by reading the file again."""
-    name, number, tail = files.names[k], 1, b""
+    name = files.names[k]
     with _read_errors(name), files.open(k) as (data, _):
-        for block in itertools.chain(iter(lambda: data.read(1 << 20), b""), [b"\n"]):
-            text = tail + block
-            end = text.rfind(b"\n") + 1
-            done, tail = text[:end], text[end:]
+        for number, raw in enumerate(_raw_lines(data, 1), 1):
             try:
-                done.decode("utf-8")
+                raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                line = number + done.count(b"\n", 0, exc.start)
                 return IngestError(
-                    f"{name}, line {line}: byte 0x{done[exc.start]:02x} is not UTF-8 text; "
+                    f"{name}, line {number}: byte 0x{raw[exc.start]:02x} is not UTF-8 text; "
                     "convert the file to UTF-8 (such as iconv -f latin1 -t utf-8 IN > OUT)"
                 )
-            number += done.count(b"\n")
     return IngestError(f"{name}: not UTF-8 text; convert the file to UTF-8")
 
 

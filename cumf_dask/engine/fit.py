@@ -713,9 +713,8 @@ def suggest_plan(
     memory could not be locked): the plan with R and both factors off host memory, in the
     same budget."""
     store, plan = engine.store, engine.plan
-    config = plan_config or PlanConfig()
-    if off_host:
-        config = replace(config, blocks="store", factors="device")
+    tiers = {"blocks": "store", "factors": "device"} if off_host else {}
+    config = replace(plan_config or PlanConfig(), **tiers)
     mb = f"{max(budget, 0) / 1e6:.1f}MB"
     if budget < 1e6:
         return (
@@ -733,8 +732,7 @@ def suggest_plan(
         )  # fmt: skip
 
     free = PlanConfig(reduction=config.reduction, groups=config.groups, headroom=config.headroom,
-                      blocks=config.blocks if off_host else "auto",
-                      factors=config.factors if off_host else "auto")  # fmt: skip
+                      **tiers)  # fmt: skip
     forced = _forced_dims(config)
     fits = None
     for kept in (config, free) if forced else (free,):  # the user's p and q kept if they fit
@@ -753,16 +751,15 @@ def suggest_plan(
             f"no plan fits {mb} per worker: give the workers more memory "
             "(cluster.memory_limit), use more workers, or fewer factors"
         )
-    changed: dict[str, Any] = {"blocks": "store", "factors": "device"} if off_host else {
-        "memory_budget": mb}  # fmt: skip
+    changed: dict[str, Any] = dict(tiers) or {"memory_budget": mb}
     if kept is free:  # a half-step's own p or q overrides plan.p and plan.q
         for side, dim in itertools.product(("x", "theta"), forced):
             changed[f"{side}.{dim}"] = getattr(fits.half(side), dim)
     # a forced tier the plan that fits does not use must be changed too
-    if config.blocks not in ("auto", fits.blocks) and not off_host:
+    if config.blocks not in ("auto", fits.blocks):
         changed["blocks"] = fits.blocks
     factors = "host" if fits.host_factor else "device"
-    if config.factors not in ("auto", factors) and not off_host:
+    if config.factors not in ("auto", factors):
         changed["factors"] = factors
     where = "" if fits.blocks == "device" else ", R " + BLOCK_TIERS[fits.blocks]
     if fits.host_factor:
