@@ -47,6 +47,7 @@ def test_threaded_workers_share_the_process_without_dask_pausing_them():
                 worker.periodic_callbacks
             )
         assert cluster.worker_memory(client, "numpy") == 400_000_000
+        assert cluster.plan_memory(client, "numpy") == 400_000_000  # nothing pauses them
         port = client.cluster.scheduler.http_server.port
         with pytest.raises(urllib.error.HTTPError, match="404"):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5)
@@ -58,7 +59,9 @@ def test_a_memory_limit_above_the_machine_is_its_share(monkeypatch):
     config = ClusterConfig(backend="numpy", n_workers=2, memory_limit="100TB")
     with pytest.warns(CumfWarning, match=r"cluster\.memory_limit 100TB for each of 2 workers is "
                       r"more than this machine's .* each worker gets"):  # fmt: skip
-        assert cluster.local_resources(config).memory == MEMORY_LIMIT // 2
+        memory = cluster.local_resources(config).memory
+    # worker processes: planned below Dask's pause threshold, less a process's own memory
+    assert memory == int(0.8 * (MEMORY_LIMIT // 2)) - cluster.WORKER_PROCESS_BYTES
     assert cluster._memory_limit(ClusterConfig(memory_limit="1GB"), 2) == 10**9
 
 

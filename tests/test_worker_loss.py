@@ -29,6 +29,7 @@ from cumf_dask.data.spill import build_store
 from cumf_dask.engine import watch
 from cumf_dask.engine.cluster import (
     cluster_client,
+    plan_memory,
     wait_for_workers,
     worker_addresses,
     workers_info,
@@ -90,6 +91,15 @@ def test_worker_processes_leave_ctrl_c_to_this_process(procs):
     tracebacks buried the command's one line), and this process, which closes them, not."""
     assert all(procs.run(_ignores_ctrl_c).values())
     assert _ignores_ctrl_c() is IGNORED_AT_START
+
+
+def test_worker_processes_are_planned_below_their_pause_threshold(procs):
+    """A plan sized to the memory limit paused its worker at Dask's 80% and failed midway:
+    a plan gets 80% of the limit less what the worker process already takes."""
+    taken = procs.run(lambda dask_worker: dask_worker.monitor.get_process_memory())
+    room = plan_memory(procs, "numpy")
+    assert 0.5e9 < room < 0.8e9 - 20e6
+    assert abs(room - (0.8e9 - max(taken.values()))) < 50e6  # its memory drifts between reads
 
 
 def test_killed_worker_is_replaced_and_the_fit_goes_on(procs, data):

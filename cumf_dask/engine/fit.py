@@ -68,6 +68,7 @@ from .cluster import (
     has_compute_slots,
     host_memory,
     measure_link,
+    plan_memory,
     process_memory,
     read_threads,
     wait_for_workers,
@@ -256,6 +257,7 @@ def fit(
         baseline = process_memory(client)
         memory = worker_memory(client, backend)
         workers, link = _link(client, workers, backend, memory)
+        room = plan_memory(client, backend)
         rows, cols = store.counts("row"), store.counts("col")
         _warn_unrated(rows, cols, params.kind == "implicit")
 
@@ -279,9 +281,9 @@ def fit(
                     stacklevel=2,
                 )
                 config = replace(config, groups=None)
-            return plan_for(len(now), config, worker_memory(client, backend))
+            return plan_for(len(now), config, plan_memory(client, backend))
 
-        plan = plan_for(len(workers), plan_config, memory)
+        plan = plan_for(len(workers), plan_config, room)
         engine = SUALSEngine(
             client, store, plan, params.spec(), backend_spec(backend, params.precision),
             workers, has_compute_slots(client), read_threads(client, workers),
