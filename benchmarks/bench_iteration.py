@@ -29,6 +29,7 @@ from device import describe
 from distributed import get_task_stream
 
 from cumf_dask import ALS, RatingsStore
+from cumf_dask.checkpoint import Checkpointer
 from cumf_dask.config import ClusterConfig, PlanConfig
 from cumf_dask.data.planted import PlantedModel
 from cumf_dask.data.synthetic import generate
@@ -60,6 +61,23 @@ def get_store(args: argparse.Namespace) -> RatingsStore:
         store = generate(url, model, test_fraction=0.1, overwrite=True, use_gpu=False)
         print(f"generated {url} in {time.perf_counter() - t0:.1f} s")
         return store
+
+
+@contextlib.contextmanager
+def timed_saves(saves: list[tuple[int, float]]):
+    """Record (iteration, seconds) of each checkpoint save while the block runs."""
+    original = Checkpointer.save
+
+    def save(self, iteration, *args, **kwargs):
+        t0 = time.perf_counter()
+        original(self, iteration, *args, **kwargs)
+        saves.append((iteration, time.perf_counter() - t0))
+
+    Checkpointer.save = save
+    try:
+        yield
+    finally:
+        Checkpointer.save = original
 
 
 def plot(path: str) -> str:
@@ -160,6 +178,11 @@ def main() -> None:
         choices=["auto", "device", "host", "store"],
         help="where R's blocks live between half-steps (plan.blocks)",
     )
+    parser.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="save checkpoints there (written while the next iterations run); prints the saves",
+    )
     parser.add_argument("--data", default="/tmp/cumf-bench")
     parser.add_argument("--json", help="append the result record to this JSON-lines file")
     parser.add_argument(
@@ -198,10 +221,12 @@ def main() -> None:
             backend=args.backend,
             plan=PlanConfig(p=args.p, q=args.q, blocks=args.blocks),
             evaluate=not args.no_eval,
+            checkpoint_dir=args.checkpoint,
         )
         t1 = time.perf_counter()
         stream = get_task_stream(client) if args.task_stream else contextlib.nullcontext()
-        with stream as recorded:
+        saves: list[tuple[int, float]] = []
+        with stream as recorded, timed_saves(saves):
             model.fit(store, client=client)
         fit_wall = time.perf_counter() - t1
     steady = [r["seconds"] for r in model.metrics_[1:]] or [model.metrics_[0]["seconds"]]
@@ -251,6 +276,10 @@ def main() -> None:
           "(engine/costs.py's nominal rates)")  # fmt: skip
     print(f"cluster start {started:.2f} s; fit() wall {fit_wall:.2f} s "
           f"(iteration 1: {model.metrics_[0]['seconds']:.2f} s)")  # fmt: skip
+    if args.checkpoint:
+        record["saves"] = saves
+        print(f"checkpoints saved after iterations {[it for it, _ in saves]}, "
+              f"median save {statistics.median(s for _, s in saves):.3f} s")  # fmt: skip
     if args.task_stream:
         print(task_breakdown(recorded.data, model.metrics_))
     if args.json:

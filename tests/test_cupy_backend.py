@@ -293,6 +293,26 @@ def test_values_outside_float16_take_the_fp32_kernels(where):
     assert np.array_equal(out["tc"][1][rows], out["fp32"][1][rows])
 
 
+def test_to_host_copies_behind_the_queued_work(gpu):
+    """to_host copies on a stream of its own (not the default one, which held up the kernels
+    queued behind the copy): what the kernels queued before it wrote, whatever the size,
+    layout and dtype."""
+    import cupy as cp
+
+    from cumf_dask.backend.cupy_backend import STAGING_BYTES
+
+    rng = cp.random.default_rng(3)
+    big = rng.standard_normal((STAGING_BYTES // 4 * 2 + 777,), dtype=cp.float32)
+    for x in (big * 2,  # queued just before the copy
+              rng.standard_normal((300, 40), dtype=cp.float32)[:, ::3],  # not contiguous
+              cp.arange(10, dtype=cp.uint16), cp.zeros((0, 5), cp.float32)):  # fmt: skip
+        out = gpu.to_host(x)
+        assert isinstance(out, np.ndarray) and out.dtype == x.dtype and out.shape == x.shape
+        assert np.array_equal(out, cp.asnumpy(x))
+    host = np.ones(3, np.float32)
+    assert gpu.to_host(host) is host
+
+
 def test_above_256_uses_cusolver(gpu):
     m, n, f, lam = 30, 500, 300, 0.05
     rows, cols, vals, block, fixed = _problem(m, n, f, 0.5, 11, empty_rows=[0])
