@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import itertools
 import json
 import os
 import re
@@ -28,7 +29,7 @@ import numpy as np
 import psutil
 import pytest
 import zarr
-from conftest import random_ratings
+from conftest import BACKENDS, random_ratings
 
 from cumf_dask import checkpoint as ck
 from cumf_dask import paths
@@ -194,6 +195,36 @@ def two_checkpoints(folder: Path) -> ck.Checkpointer:
         ckpt.save(it, {"user_factors": factors, "item_factors": factors},
                   {**attrs, "metrics": metrics})  # fmt: skip
     return ckpt
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_factor_pieces_are_written_where_they_are(clients, backend, tmp_path, monkeypatch):
+    """Each worker writes the chunks within its pieces, and a chunk across pieces is put
+    together from their rows: the checkpoint reads back as the whole factor, each chunk's
+    CRC in place; arrays in this process are written by threads, chunk by chunk."""
+    from cumf_dask.engine import tasks
+    from cumf_dask.engine.placement import Factor
+    from cumf_dask.engine.session import FactorWrites
+
+    monkeypatch.setattr(ck, "ROW_CHUNK", 7)
+    client = clients(2)
+    workers = sorted(client.scheduler_info()["workers"])
+    X = np.random.default_rng(5).standard_normal((60, 3)).astype(np.float32)
+    theta = np.random.default_rng(6).standard_normal((20, 3)).astype(np.float32)
+    bounds = [0, 10, 14, 15, 41, 60]  # pieces within a chunk, across two and three chunks
+    pieces = [(a, b, client.submit(tasks.to_backend, X[a:b], backend, workers=[workers[k % 2]]))
+              for k, (a, b) in enumerate(itertools.pairwise(bounds))]  # fmt: skip
+    writes = FactorWrites(Factor(60, 3, pieces), backend, threads=2)
+    attrs = {"factors": 3, "m": 60, "n": 20, "regularization": 0.1, "iterations": 1, "seed": 0,
+             "metrics": [{"iteration": 1}]}  # fmt: skip
+    ckpt = ck.Checkpointer(tmp_path / "ckpt")
+    ckpt.save(1, {"user_factors": writes, "item_factors": theta}, attrs,
+              lambda collections: client.gather(client.compute(collections)))  # fmt: skip
+    _, arrays = ckpt.load(1)
+    np.testing.assert_array_equal(arrays["user_factors"], X)
+    np.testing.assert_array_equal(arrays["item_factors"], theta)
+    sums = zarr.open_group(str(tmp_path / "ckpt" / "iter-00001"), mode="r").attrs["digests"]
+    assert sums["user_factors"] == ck.digests(X, 7) and len(sums["item_factors"]) == 3
 
 
 def test_a_garbled_latest_pointer_falls_back_to_the_newest_checkpoint(tmp_path):

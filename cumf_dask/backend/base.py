@@ -94,8 +94,14 @@ class Backend(ABC):
         """Host (or device) array -> this backend's array."""
         return self.xp.asarray(x, dtype=dtype)
 
-    def to_host(self, x: Any) -> np.ndarray:
-        """This backend's array -> NumPy."""
+    def queued(self) -> Any:
+        """A mark of the work queued on the device so far, for :meth:`to_host` (None here:
+        NumPy's work is done once it returns)."""
+        return None
+
+    def to_host(self, x: Any, after: Any = None) -> np.ndarray:
+        """This backend's array -> NumPy, once the work `after` marks (:meth:`queued`; None:
+        all queued so far) is done."""
         return np.asarray(x)
 
     def host_copy(self, x: Any) -> np.ndarray:

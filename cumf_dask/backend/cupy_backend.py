@@ -498,11 +498,17 @@ class CupyBackend(Backend):
         self._retired: list[tuple[Any, Block]] = []  # (event, block) kept until the event
         self._lock = threading.Lock()  # for both
 
-    def to_host(self, x: Any) -> np.ndarray:
+    def queued(self) -> Any:
+        """An event recorded behind the work queued so far on this thread's stream."""
+        return cp.cuda.get_current_stream().record()
+
+    def to_host(self, x: Any, after: Any = None) -> np.ndarray:
         """`x` in host memory, copied through this thread's page-locked buffer on a stream
-        of its own, behind the work queued so far. A copy on the default stream held up
-        every kernel queued after it (the next iteration's, while a checkpoint is saved)
-        until it ended; this one runs beside them."""
+        of its own, behind the work `after` marks (:meth:`queued`; None: all queued so far).
+        A copy on the default stream held up every kernel queued after it (the next
+        iteration's, while a checkpoint is saved) until it ended; this one runs beside
+        them. A piece copied in parts waits once (`after`), not behind each part the work
+        queued meanwhile."""
         if isinstance(x, np.ndarray):
             return x
         x = cp.ascontiguousarray(x)
@@ -510,7 +516,7 @@ class CupyBackend(Backend):
         source, into = x.reshape(-1).view(cp.uint8), out.reshape(-1).view(np.uint8)
         with cp.cuda.Device(x.device.id):
             staging, stream = _staging(x.device.id, STAGING_BYTES)
-            stream.wait_event(cp.cuda.get_current_stream().record())
+            stream.wait_event(after if after is not None else self.queued())
             for start in range(0, into.size, staging.nbytes):
                 part = source[start : start + staging.nbytes]
                 part.get(stream=stream, out=staging[: part.size])  # waits for the copy

@@ -608,8 +608,8 @@ class _Run:
         metrics = [*state.metrics, record]
         saves = self.saves  # written while the next iterations run (the last: always)
         if saves is not None and (it == self.params.iterations or not saves.busy()):
-            Xd, Td = Session(engine, X, theta).factors_as_dask()
-            saves.start(it, {"user_factors": Xd, "item_factors": Td},
+            Xw, Tw = Session(engine, X, theta).factor_writes()
+            saves.start(it, {"user_factors": Xw, "item_factors": Tw},
                              {**self.here, "metrics": metrics})  # fmt: skip
         state.done, state.metrics = it, metrics
         for callback in self.callbacks:

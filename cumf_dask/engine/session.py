@@ -18,7 +18,9 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+from dask import delayed
 
+from ..checkpoint import chunk_ranges
 from ..data.store import RatingsStore
 from . import tasks
 from .halfstep import SUALSEngine
@@ -35,6 +37,36 @@ def _close_live_sessions() -> None:
     for client in clients.values():
         with suppress(Exception):  # a client already shutting down
             client.close(timeout=3)
+
+
+class FactorWrites:
+    """A factor's pieces written into a Zarr array where they are (a
+    :class:`~cumf_dask.checkpoint.ChunkWrites`): the chunks that lie within a piece by one
+    task on its worker, `threads` at a time, each copied to host memory as it is written
+    (never the whole piece, nor a copy moved between workers); a chunk across pieces by one
+    task more, from their rows of it."""
+
+    def __init__(self, factor: Factor, backend: str, threads: int):
+        self.factor, self.backend, self.threads = factor, backend, threads
+        self.shape, self.dtype = (factor.n_rows, factor.f), np.dtype(np.float32)
+
+    def writes(self, where: str, name: str, rows: int) -> list[Any]:
+        pieces, out = self.factor.pieces, []
+        chunks = chunk_ranges(self.factor.n_rows, rows)
+        for lo, hi, piece in pieces:
+            within = [c for c in chunks if lo <= c[1] and c[2] <= hi]
+            if within:
+                out.append(delayed(tasks.store_piece, pure=False)(
+                    piece, lo, where, name, within, self.backend, self.threads))  # fmt: skip
+        for index, first, end in chunks:
+            held = [(lo, hi, piece) for lo, hi, piece in pieces if lo < end and first < hi]
+            if len(held) > 1:
+                parts = [delayed(tasks.rows_on_host, pure=False)(
+                    piece, max(first, lo) - lo, min(end, hi) - lo, self.backend)
+                    for lo, hi, piece in held]  # fmt: skip
+                out.append(delayed(tasks.store_parts, pure=False)(where, name, index, first,
+                                                                 *parts))  # fmt: skip
+        return out
 
 
 class Session:
@@ -78,6 +110,12 @@ class Session:
             for (lo, hi, _), part in zip(factor.pieces, self._on_host(factor), strict=True)
         ]
         return da.concatenate(parts, axis=0)
+
+    def factor_writes(self) -> tuple[FactorWrites, FactorWrites]:
+        """(X, Theta) as :func:`~cumf_dask.checkpoint.write_factors` writes them where they
+        are (a checkpoint)."""
+        backend, threads = self.engine.backend, max(self.engine.read_threads.values(), default=1)
+        return FactorWrites(self.X, backend, threads), FactorWrites(self.theta, backend, threads)
 
     def factors_as_dask(self) -> tuple[da.Array, da.Array]:
         """(X, Theta) as Dask arrays of host (NumPy) chunks, still on the cluster."""

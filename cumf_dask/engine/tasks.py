@@ -17,6 +17,7 @@ import numpy as np
 from ..backend import get_backend
 from ..backend.objective import UpdateSpec
 from ..blocks import Block, select_columns
+from ..checkpoint import store_chunks, store_rows
 from ..data.assemble import read_bands
 from ..data.shards import HOST_BANDS
 from ..data.store import Orientation, RatingsStore, Split
@@ -375,6 +376,32 @@ def release_memory(backend: str) -> None:
 
 def to_host(arr: Any, backend: str) -> np.ndarray:
     return get_backend(backend).to_host(arr)
+
+
+def store_piece(
+    piece: Any, lo: int, where: str, name: str, chunks: list[tuple[int, int, int]],
+    backend: str, threads: int,
+) -> dict[int, int]:  # fmt: skip
+    """Write the chunks (index, first row, end row of the factor) that lie within `piece`
+    (the factor's rows lo..) into array `name` at `where`, each copied to host memory as it
+    is written, `threads` at a time; {chunk index: CRC-32}. The copies wait for the work
+    queued when the task starts (the piece's, and perhaps the next iteration's), not behind
+    each chunk for the iterations queued meanwhile."""
+    be = get_backend(backend)
+    ready = be.queued()
+    return store_chunks(where, name, lambda a, b: be.to_host(piece[a - lo : b - lo], ready),
+                        chunks, threads)  # fmt: skip
+
+
+def store_parts(where: str, name: str, index: int, first: int, *parts: np.ndarray) -> dict:
+    """Write chunk `index` (rows first..) of array `name` at `where` from the rows that
+    several pieces hold (:func:`rows_on_host`, in order); {index: CRC-32}."""
+    return {index: store_rows(where, name, first, np.concatenate(parts))}
+
+
+def rows_on_host(piece: Any, a: int, b: int, backend: str) -> np.ndarray:
+    """Rows a..b of a piece, in host memory."""
+    return get_backend(backend).to_host(piece[a:b])
 
 
 def to_backend(array: np.ndarray, backend: str, host: bool = False) -> Any:
