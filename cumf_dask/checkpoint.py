@@ -73,8 +73,17 @@ def chunk_crc(block: np.ndarray) -> int:
 
 
 def digests(arr: np.ndarray, rows: int = ROW_CHUNK) -> list[int]:
-    """The CRC-32 of each chunk of `rows` rows."""
-    return [chunk_crc(arr[lo : lo + rows]) for lo in range(0, max(len(arr), 1), rows)]
+    """The CRC-32 of each chunk of `rows` rows (numbers: SAVE_THREADS at a time)."""
+    ranges = chunk_ranges(len(arr), rows)
+    if arr.dtype.kind in "OUST":
+        return [chunk_crc(arr[a:b]) for _, a, b in ranges]
+    crcs = [0] * len(ranges)
+
+    def job(index: int, first: int, end: int) -> None:
+        crcs[index] = chunk_crc(arr[first:end])
+
+    threads_run([partial(job, *chunk) for chunk in ranges], SAVE_THREADS, use="save")
+    return crcs
 
 
 def chunk_ranges(n_rows: int, rows: int = ROW_CHUNK) -> list[tuple[int, int, int]]:

@@ -18,6 +18,7 @@ from cumf_dask.checkpoint import Checkpointer
 from cumf_dask.data.ingest import ingest_arrays
 from cumf_dask.data.inputs import ingest_input
 from cumf_dask.data.spill import build_store
+from cumf_dask.engine.session import Session
 from cumf_dask.errors import ConfigError, CumfWarning, IngestError, NotFittedError, StoreError
 from cumf_dask.implicit.model import ImplicitALS
 from cumf_dask.model import ALS
@@ -82,6 +83,17 @@ def test_checkpoints_are_written_while_the_fit_goes_on(store, client, tmp_path, 
     assert saved == [1, 4]
     assert Checkpointer(ckpt).names() == ["iter-00004", "iter-00001"]
     assert Checkpointer(ckpt).latest()[0] == 4
+
+
+def test_final_factors_come_from_the_last_checkpoint(store, client, tmp_path, monkeypatch):
+    """With the last iteration's checkpoint written, the factors are read back from it (not
+    gathered through Dask): the same numbers as a fit without checkpoints."""
+    plain = ALS(4, 0.05, 3, backend="numpy").fit(store, client=client)
+    monkeypatch.setattr(Session, "gather", lambda self: pytest.fail("gathered"))
+    saved = ALS(4, 0.05, 3, backend="numpy", checkpoint_dir=str(tmp_path / "ckpt"))
+    saved.fit(store, client=client)
+    np.testing.assert_array_equal(saved.user_factors_, plain.user_factors_)
+    np.testing.assert_array_equal(saved.item_factors_, plain.item_factors_)
 
 
 def test_interrupted_checkpoint_write_keeps_previous(store, client, tmp_path):

@@ -450,7 +450,7 @@ class _Run:
                         self.saves.wait()
                     X = state.X if state.done else self._first_x(state)  # 0 iterations
                     session = Session(engine, X, state.theta)
-                    factors = session.gather()
+                    factors = self._saved_factors(state.done) or session.gather()
                     break
                 except WorkerLost as lost:
                     if lost.memory:
@@ -470,6 +470,19 @@ class _Run:
         engine.release()
         done = state.done
         return FitResult(engine.plan, state.metrics, done, session, (factors[0], factors[1]))
+
+    def _saved_factors(self, done: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The final factors read back from the checkpoint of iteration `done`, if that is
+        the last one written: from the page cache, where gathering them through Dask moves
+        about 1 GB/s (a 6.3 GB factor: 10 s against 2, H100 machine, RESULTS.md). None
+        without it, or if it cannot be read (the factors are gathered instead)."""
+        if self.saves is None or not done or self.saves.complete != done:
+            return None
+        try:
+            _, arrays = self.checkpointer.load(done)  # type: ignore[union-attr]
+        except StoreError:
+            return None
+        return arrays["user_factors"], arrays["item_factors"]
 
     def _first_x(self, state: _State) -> Factor:
         """X from the initial Theta, as an iteration's update X makes it (a user without
