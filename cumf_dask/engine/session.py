@@ -47,12 +47,13 @@ class FactorWrites:
     task more, from their rows of it."""
 
     def __init__(self, factor: Factor, backend: str, threads: int):
-        self.factor, self.backend, self.threads = factor, backend, threads
+        self.pieces = list(factor.pieces)  # as they are now: the save runs on a thread later
+        self.backend, self.threads = backend, threads
         self.shape, self.dtype = (factor.n_rows, factor.f), np.dtype(np.float32)
 
     def writes(self, where: str, name: str, rows: int) -> list[Any]:
-        pieces, out = self.factor.pieces, []
-        chunks = chunk_ranges(self.factor.n_rows, rows)
+        pieces, out = self.pieces, []
+        chunks = chunk_ranges(self.shape[0], rows)
         for lo, hi, piece in pieces:
             within = [c for c in chunks if lo <= c[1] and c[2] <= hi]
             if within:
