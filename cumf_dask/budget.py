@@ -129,7 +129,8 @@ def suggest_scale(config: Config, plan: Plan) -> tuple[float, float] | None:
         nnz = int(total * (1 - config.data.test_fraction))
         try:
             small = make_plan(m, n, nnz, config.model.factors, plan.workers, plan.budget,
-                              None, None, settings, plan.backend, link=plan.link)  # fmt: skip
+                              None, None, settings, plan.backend, link=plan.link,
+                              checkpoint=plan.checkpoint)  # fmt: skip
         except PlanError:
             continue
         seconds = forecast(config, small, total).total

@@ -3,17 +3,17 @@
 Writing. A checkpoint is written whole under a temporary name, then renamed into place, then
 the ``LATEST`` pointer is replaced atomically (``os.replace``): an interrupted write leaves
 the previous checkpoint valid. A saved model is replaced the same way: the old one is renamed
-aside only once the new one is complete. Each Zarr chunk is written once, by a pool of
-threads (the writes and CRCs release the GIL): here for arrays in this process, and on the
-workers for a fit's factors (:class:`ChunkWrites`: each worker writes the chunks within its
-piece, copying one chunk at a time to host memory). Writers
+aside only once the new one is complete. Each Zarr chunk is written once, numbers by a
+pool of threads (the writes and CRCs release the GIL): here for arrays in this process, and
+on the workers for a fit's factors (:class:`ChunkWrites`: each worker writes the chunks
+within its pieces, each thread copying one chunk at a time to host memory). Writers
 exclude each other (:class:`~cumf_dask.locks.WriterLock`: a model's ``<path>.lock``, a
 checkpoint folder's ``<folder>.lock``); what a killed writer left (``.tmp-*``, ``.old-*``)
 is dealt with by the next writer of the same target, with a warning: a complete copy is put
 back where the target is missing, the rest removed.
 
 Integrity. Each array's digest is written with it: a CRC-32 of every chunk's bytes (chunks of
-ROW_CHUNK rows, computed by the task that writes the chunk), in the group's attrs. Reading
+ROW_CHUNK rows, computed by the thread that writes the chunk), in the group's attrs. Reading
 checks every chunk against it, so a deleted chunk (which Zarr would read as zeros), a garbled
 or truncated one, a missing array and unreadable metadata are each one
 :class:`~cumf_dask.errors.StoreError` naming the file, never a silently wrong factor. Measured
@@ -41,7 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext, suppress
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import dask
 import numpy as np
@@ -69,7 +69,7 @@ def chunk_crc(block: np.ndarray) -> int:
     """CRC-32 of one chunk's values: its bytes (numbers) or its UTF-8 text (strings)."""
     if block.dtype.kind in "OUST":
         return zlib.crc32("\x00".join(map(str, block.tolist())).encode("utf-8"))
-    return zlib.crc32(memoryview(np.ascontiguousarray(block)).cast("B"))
+    return zlib.crc32(memoryview(np.ascontiguousarray(block).reshape(-1)).cast("B"))
 
 
 def digests(arr: np.ndarray, rows: int = ROW_CHUNK) -> list[int]:
@@ -116,6 +116,7 @@ def store_chunks(
     return crcs
 
 
+@runtime_checkable
 class ChunkWrites(Protocol):
     """An array held elsewhere (a fit's factor on its workers) that writes its own chunks
     into a group :func:`write_factors` made."""
@@ -261,11 +262,14 @@ def _write_arrays(
         target = group.create_array(name, shape=arr.shape, chunks=chunks, dtype=dtype,
                                     compressors=None)  # fmt: skip
         ranges = chunk_ranges(arr.shape[0], ROW_CHUNK)
-        if not isinstance(arr, np.ndarray):
+        if isinstance(arr, ChunkWrites):
             pending.append((name, len(ranges), arr.writes(where, name, ROW_CHUNK)))
+        elif not isinstance(arr, np.ndarray):
+            raise TypeError(f"write_factors: {name} is a {type(arr).__name__}, not a NumPy "
+                            "array or ChunkWrites")  # fmt: skip
         elif dtype is str:
             target[...] = arr.astype(object)
-            sums[name] = digests(arr)
+            sums[name] = digests(arr, ROW_CHUNK)
         else:
             crcs = store_chunks(where, name, lambda a, b, arr=arr: arr[a:b], ranges,
                                 SAVE_THREADS)  # fmt: skip

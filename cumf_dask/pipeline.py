@@ -304,7 +304,7 @@ def job_plan(
     tensor_cores = config.model.precision == "float32" and config.model.kind == "explicit"
     plan = make_plan(m, n, nnz, f, res.workers, res.memory, *counts, config.plan, res.backend,
                      transport=res.transport, host_memory=res.host_memory, held_out=held_out,
-                     tensor_cores=tensor_cores)  # fmt: skip
+                     tensor_cores=tensor_cores, checkpoint=config.output.checkpoint)  # fmt: skip
     return JobPlan(plan, store, total)
 
 

@@ -214,7 +214,8 @@ def test_factor_pieces_are_written_where_they_are(clients, backend, tmp_path, mo
     bounds = [0, 10, 14, 15, 41, 60]  # pieces within a chunk, across two and three chunks
     pieces = [(a, b, client.submit(tasks.to_backend, X[a:b], backend, workers=[workers[k % 2]]))
               for k, (a, b) in enumerate(itertools.pairwise(bounds))]  # fmt: skip
-    writes = FactorWrites(Factor(60, 3, pieces), backend, threads=2)
+    owners = [workers[k % 2] for k in range(len(pieces))]
+    writes = FactorWrites(Factor(60, 3, pieces, owners=owners), backend, dict.fromkeys(workers, 2))
     attrs = {"factors": 3, "m": 60, "n": 20, "regularization": 0.1, "iterations": 1, "seed": 0,
              "metrics": [{"iteration": 1}]}  # fmt: skip
     ckpt = ck.Checkpointer(tmp_path / "ckpt")

@@ -57,6 +57,16 @@ def test_resume_after_interruption_matches_uninterrupted(store, client, tmp_path
     resumed = ALS(5, 0.05, 4, backend="numpy", checkpoint_dir=ckpt)
     resumed.fit(store, client=client, resume=True)
     assert [r["iteration"] for r in resumed.metrics_] == [1, 2, 3, 4]
+
+    def stop_at_once(record):
+        raise Interrupt
+
+    stopped = str(tmp_path / "stopped")  # the save under way when the fit stops completes
+    with pytest.raises(Interrupt):
+        ALS(5, 0.05, 4, backend="numpy", checkpoint_dir=stopped, callbacks=[stop_at_once]).fit(
+            store, client=client
+        )
+    assert Checkpointer(stopped).latest()[0] == 1
     np.testing.assert_allclose(resumed.user_factors_, full.user_factors_, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(resumed.item_factors_, full.item_factors_, rtol=1e-5, atol=1e-6)
 

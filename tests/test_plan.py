@@ -140,6 +140,27 @@ def test_no_block_has_2_31_columns():
         block_on_host(Bands("x", (0, 1), (0, wide), 1, 1, wide, [2], lambda i: band))
 
 
+def test_a_checkpoint_holding_the_saved_factors_is_counted():
+    """A checkpoint holds its iteration's factor pieces until it is written, while the next
+    iterations run: factors that fit the devices once but not twice do not stay there."""
+    args = (1_000_000, 10_000, 1_000_000, 100, 1, int(1.3 * GB))  # X 400 MB
+    device = PlanConfig(factors="device", blocks="store")
+    assert make_plan(*args, None, None, device, "cupy").host_factor is None
+    with pytest.raises(PlanError, match=r"X and Theta take 0\.40 GB per worker \(twice that "
+                       r"while a checkpoint is written\)"):  # fmt: skip
+        make_plan(*args, None, None, device, "cupy", checkpoint=True)
+    plan = make_plan(*args, None, None, PlanConfig(blocks="store"), "cupy", checkpoint=True)
+    assert plan.checkpoint and plan.host_factor == "x"
+    roomy = (*args[:5], int(1.6 * GB), None, None, device, "cupy")
+    assert make_plan(*roomy).theta.p == 1 and make_plan(*roomy, checkpoint=True).theta.p > 1
+
+
+def test_a_budget_with_nothing_left_for_data_is_refused():
+    """Worker processes whose own memory reaches Dask's pause threshold leave a budget of 0."""
+    with pytest.raises(PlanError, match="no memory left for data"):
+        make_plan(1000, 100, 10_000, 8, 2, 0)
+
+
 def test_the_tensor_core_split_of_the_fixed_factor_is_counted():
     """The GPU's tensor-core Gram (float32 factors, explicit ratings, f <= 111) reads the
     fixed factor's part split into float16 halves, a copy as large as the part: a fixed

@@ -102,6 +102,16 @@ def test_worker_processes_are_planned_below_their_pause_threshold(procs):
     assert abs(room - (0.8e9 - max(taken.values()))) < 50e6  # its memory drifts between reads
 
 
+def test_worker_processes_with_no_room_below_the_pause_are_refused(procs, data, monkeypatch):
+    """Processes already at Dask's pause threshold: one memory error at once, not a plan."""
+    from cumf_dask.engine import fit
+
+    monkeypatch.setattr(fit, "plan_memory", lambda client, backend: 0)
+    with pytest.raises(DeviceMemoryError, match=r"almost\) no memory left for data: Dask "
+                       r"pauses a worker at 80% of its memory limit \(1000 MB\)"):  # fmt: skip
+        ALS(F, LAM, 1, backend="numpy").fit(data[0], client=procs)
+
+
 def test_killed_worker_is_replaced_and_the_fit_goes_on(procs, data):
     pids = procs.run(os.getpid)
     victim = sorted(pids)[0]

@@ -511,7 +511,8 @@ class CupyBackend(Backend):
         queued meanwhile."""
         if isinstance(x, np.ndarray):
             return x
-        x = cp.ascontiguousarray(x)
+        if not x.flags.c_contiguous:  # copied on this thread's stream: wait for that too
+            x, after = cp.ascontiguousarray(x), None
         out = np.empty(x.shape, x.dtype)
         source, into = x.reshape(-1).view(cp.uint8), out.reshape(-1).view(np.uint8)
         with cp.cuda.Device(x.device.id):

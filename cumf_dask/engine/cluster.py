@@ -599,8 +599,8 @@ def local_resources(config: ClusterConfig, nnz: int | None = None) -> Resources:
     workers, threads = cpu_workers(config), in_process(config, nnz)
     limit = _host_limit(config, workers)
     pause = False if threads else dask.config.get("distributed.worker.memory.pause")
-    memory = int(pause * limit) - WORKER_PROCESS_BYTES if pause else limit  # as plan_memory
-    return Resources(backend, workers, max(memory, 0), "inproc" if threads else "tcp")
+    memory = below_pause(limit, pause, WORKER_PROCESS_BYTES)
+    return Resources(backend, workers, memory, "inproc" if threads else "tcp")
 
 
 def _warn_gpu_keys(config: ClusterConfig) -> None:
@@ -699,26 +699,32 @@ def worker_memory(client: Client, backend: str) -> int:
 def plan_memory(client: Client, backend: str) -> int:
     """The smallest worker's memory that a plan may fill: GPU memory on GPU workers; on CPU
     workers the memory limit, or where Dask's memory manager pauses a worker past a fraction
-    of its limit (worker processes), that fraction less what the process already takes. A
-    plan sized to the whole limit would pause the worker midway and fail (WorkersPaused)."""
+    of its limit (worker processes), that fraction less what the process already takes
+    (:func:`below_pause`; 0 or less: nothing is left for data). A plan sized to the whole
+    limit would pause the worker midway and fail (WorkersPaused)."""
     if backend == "cupy":
         return worker_memory(client, backend)
-    rooms = list(client.run(_pause_room).values())
-    if not rooms or None in rooms:
+    rooms = list(client.run(_pause_room, on_error="return").values())
+    if not rooms or any(not isinstance(room, int) for room in rooms):  # no limit, or gone
         return worker_memory(client, backend)
-    return max(min(rooms), 0)
+    return min(rooms)
+
+
+def below_pause(limit: int, pause: float | bool | None, taken: int) -> int:
+    """Memory a plan may fill under a `limit` that Dask pauses a worker at a `pause` fraction
+    of (False or None: it never does), beside the `taken` bytes the process already uses."""
+    if pause is False or pause is None:
+        return int(limit)
+    return int(pause * limit) - int(taken)
 
 
 def _pause_room(dask_worker: Any) -> int | None:
-    """This worker's memory below the pause threshold (:func:`plan_memory`); None without
-    a memory limit."""
+    """This worker's :func:`below_pause` room; None without a memory limit."""
     manager = dask_worker.memory_manager
     if not manager.memory_limit:
         return None
-    if manager.memory_pause_fraction is False:  # threads of one process (NO_MEMORY_MANAGER)
-        return int(manager.memory_limit)
-    below = int(manager.memory_pause_fraction * manager.memory_limit)
-    return below - int(dask_worker.monitor.get_process_memory())
+    return below_pause(manager.memory_limit, manager.memory_pause_fraction,
+                       dask_worker.monitor.get_process_memory())  # fmt: skip
 
 
 def host_memory(client: Client, backend: str) -> int | None:

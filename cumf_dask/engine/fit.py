@@ -258,6 +258,13 @@ def fit(
         memory = worker_memory(client, backend)
         workers, link = _link(client, workers, backend, memory)
         room = plan_memory(client, backend)
+        if room < 1e6:
+            raise DeviceMemoryError(
+                f"the workers have (almost) no memory left for data: Dask pauses a worker at "
+                f"{_dask_fraction('pause', 0.8):.0%} of its memory limit ({memory / 1e6:.0f} "
+                f"MB), and its process takes {baseline / 1e6:.0f} MB; give them more memory "
+                "(cluster.memory_limit) or use fewer, larger workers"
+            )
         rows, cols = store.counts("row"), store.counts("col")
         _warn_unrated(rows, cols, params.kind == "implicit")
 
@@ -267,6 +274,7 @@ def fit(
                 config, backend, link=link, host_memory=host_memory(client, backend),
                 held_out=store.nnz_test if evaluate and store.has_test else 0,
                 tensor_cores=params.precision == "float32" and params.kind == "explicit",
+                checkpoint=checkpointer is not None,
             )  # fmt: skip
 
         def replan(now: list[str]) -> Plan:
@@ -480,7 +488,10 @@ class _Run:
             return None
         try:
             _, arrays = self.checkpointer.load(done)  # type: ignore[union-attr]
-        except StoreError:
+        except StoreError as exc:  # a later --resume refuses it too: say so now
+            warnings.warn(f"the checkpoint just written does not read back ({exc}); the "
+                          "factors are gathered from the workers instead", CumfWarning,
+                          stacklevel=2)  # fmt: skip
             return None
         return arrays["user_factors"], arrays["item_factors"]
 
@@ -743,7 +754,7 @@ def suggest_plan(
             store.m, store.n, store.nnz, plan.x.f, plan.workers, budget, store.counts("row"),
             store.counts("col"), replace(kept, memory_budget=str(budget)), plan.backend,
             host_memory=host_memory(engine.client, plan.backend), held_out=plan.held_out,
-            tensor_cores=plan.tensor_cores,
+            tensor_cores=plan.tensor_cores, checkpoint=plan.checkpoint,
         )  # fmt: skip
 
     free = PlanConfig(reduction=config.reduction, groups=config.groups, headroom=config.headroom,

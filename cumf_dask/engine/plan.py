@@ -136,6 +136,7 @@ class Plan:
     held_out: int = 0  # held-out ratings whose blocks are kept too (the test RMSE's)
     host_factor: Side | None = None  # the factor kept in pinned host memory (None: none)
     tensor_cores: bool = False  # the GPU's tensor-core Gram counted (make_plan's tensor_cores)
+    checkpoint: bool = False  # a saved iteration's factors counted too (make_plan's checkpoint)
 
     def block_bytes(self) -> int:
         """Bytes of rating blocks per worker (:func:`block_bytes`)."""
@@ -529,6 +530,7 @@ def make_plan(
     host_memory: int | None = None,
     held_out: int = 0,
     tensor_cores: bool = True,
+    checkpoint: bool = False,
 ) -> Plan:
     """The plan for a whole iteration: update X (Theta fixed), then update Theta (X fixed).
 
@@ -542,7 +544,9 @@ def make_plan(
     `held_out`: the held-out ratings whose blocks the fit also keeps (for the test RMSE).
     `tensor_cores`: the GPU may build Grams on its tensor cores (float32 factors of an
     explicit model; they apply up to f = MAX_TENSOR_CORE_F), whose copy of the fixed
-    factor's part is counted.
+    factor's part is counted. `checkpoint`: the fit saves checkpoints, each of which holds
+    its iteration's factor pieces until it is written while the next iterations run: a
+    second copy of the factors on the workers is counted.
     """
     config = config or PlanConfig()
     check_plan_config(config)  # a PlanConfig made in Python is checked as a file's plan is
@@ -557,6 +561,12 @@ def make_plan(
     check_gpu_factors(f, backend)
     if workers < 1:
         raise PlanError("the cluster has no workers; start some or check the scheduler address")
+    if budget <= 0:
+        raise PlanError(
+            f"the workers have no memory left for data ({size_text(max(budget, 0))} per worker "
+            "below Dask's pause threshold, after what their processes take): give them more "
+            "memory (cluster.memory_limit) or use fewer, larger workers"
+        )
     usable = budget - (parse_size(config.headroom, budget) or 0)
     split = backend == "cupy" and tensor_cores and f <= MAX_TENSOR_CORE_F
     rc = RowShares(m if row_counts is None else row_counts)
@@ -644,7 +654,8 @@ def make_plan(
         chosen = {side: (pq[0], None) for side, pq in forced.items()} if free_q else forced
         room = usable - (r_bytes if tier == "device" else 0)
         return _factor_tier(config.factors, sizes, room, backend,
-                            partial(half_steps, blocks=tier, forced=chosen))  # fmt: skip
+                            partial(half_steps, blocks=tier, forced=chosen),
+                            2 if checkpoint else 1)  # fmt: skip
 
     host_factor, (x, theta), blocks = _block_tier(
         config.blocks, tier_plan, r_bytes, usable, backend, host_memory, sizes, q_keys
@@ -659,7 +670,7 @@ def make_plan(
         x=x, theta=theta, workers=workers, budget=budget, blocks=blocks,
         reduction=config.reduction, groups=groups, backend=backend, link=link_bw,
         link_measured=link is not None, held_out=held_out, host_factor=host_factor,
-        tensor_cores=split,
+        tensor_cores=split, checkpoint=checkpoint,
     )  # fmt: skip
 
 
@@ -669,27 +680,31 @@ def _factor_tier(
     usable: int,
     backend: str,
     half_steps: Callable[[int, Side | None], tuple[HalfStepPlan, HalfStepPlan]],
+    copies: int = 1,
 ) -> tuple[Side | None, tuple[HalfStepPlan, HalfStepPlan]]:
     """Which factor lives in host memory (None: both on the devices, see the module doc),
     and the half-steps planned in the room the factors on the devices leave. `sizes`: each
-    factor's bytes per worker. On CPU workers the host is the device: always None there."""
+    factor's bytes per worker, of which the devices hold `copies` (2: a checkpoint holds
+    the saved iteration's). On CPU workers the host is the device: always None there, and
+    the copies are taken from the budget as they are on the devices."""
     if backend != "cupy":
-        return None, half_steps(usable, None)
+        return None, half_steps(usable - (copies - 1) * sum(sizes.values()), None)
     larger: Side = "x" if sizes["x"] >= sizes["theta"] else "theta"
     gb = 1e9
     if wanted != "host":
         try:
-            return None, half_steps(usable - sum(sizes.values()), None)
+            return None, half_steps(usable - copies * sum(sizes.values()), None)
         except PlanError:
             if wanted == "device":
+                twice = " (twice that while a checkpoint is written)" if copies > 1 else ""
                 raise PlanError(
                     f"plan.factors is device but X and Theta take {sum(sizes.values()) / gb:.2f} "
-                    f"GB per worker, too much to leave room for the half-steps in the "
+                    f"GB per worker{twice}, too much to leave room for the half-steps in the "
                     f"{usable / gb:.2f} GB budget; set plan.factors to host (or auto)"
                 ) from None
     smaller = sizes["theta" if larger == "x" else "x"]
     try:
-        return larger, half_steps(usable - smaller, larger)
+        return larger, half_steps(usable - copies * smaller, larger)
     except PlanError as exc:
         raise PlanError(
             f"{exc} (with {'X' if larger == 'x' else 'Theta'} in host memory and "

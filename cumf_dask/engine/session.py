@@ -16,9 +16,11 @@ import weakref
 from contextlib import suppress
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 from dask import delayed
+from distributed import Future
 
 from ..checkpoint import chunk_ranges
 from ..data.store import RatingsStore
@@ -42,23 +44,27 @@ def _close_live_sessions() -> None:
 class FactorWrites:
     """A factor's pieces written into a Zarr array where they are (a
     :class:`~cumf_dask.checkpoint.ChunkWrites`): the chunks that lie within a piece by one
-    task on its worker, `threads` at a time, each copied to host memory as it is written
-    (never the whole piece, nor a copy moved between workers); a chunk across pieces by one
-    task more, from their rows of it."""
+    task on the piece's worker, on its `threads` (a chunk per thread at a time, each copied
+    to host memory as it is written: never the whole piece, nor a copy moved between
+    workers); a chunk across pieces by one task more, from their rows of it. The pieces are
+    referenced as they are when the save starts (futures of its own: a fit that fails
+    meanwhile lets go of its own, and the save still completes)."""
 
-    def __init__(self, factor: Factor, backend: str, threads: int):
-        self.pieces = list(factor.pieces)  # as they are now: the save runs on a thread later
-        self.backend, self.threads = backend, threads
+    def __init__(self, factor: Factor, backend: str, threads: dict[str, int]):
+        self.pieces = [(lo, hi, Future(fut.key, fut.client)) for lo, hi, fut in factor.pieces]
+        self.owners, self.backend, self.threads = list(factor.owners), backend, threads
         self.shape, self.dtype = (factor.n_rows, factor.f), np.dtype(np.float32)
 
     def writes(self, where: str, name: str, rows: int) -> list[Any]:
         pieces, out = self.pieces, []
         chunks = chunk_ranges(self.shape[0], rows)
-        for lo, hi, piece in pieces:
+        for (lo, hi, piece), owner in zip(pieces, self.owners, strict=True):
             within = [c for c in chunks if lo <= c[1] and c[2] <= hi]
             if within:
-                out.append(delayed(tasks.store_piece, pure=False)(
-                    piece, lo, where, name, within, self.backend, self.threads))  # fmt: skip
+                with dask.annotate(workers=[owner]):
+                    out.append(delayed(tasks.store_piece, pure=False)(
+                        piece, lo, where, name, within, self.backend,
+                        self.threads.get(owner, 1)))  # fmt: skip
         for index, first, end in chunks:
             held = [(lo, hi, piece) for lo, hi, piece in pieces if lo < end and first < hi]
             if len(held) > 1:
@@ -115,7 +121,7 @@ class Session:
     def factor_writes(self) -> tuple[FactorWrites, FactorWrites]:
         """(X, Theta) as :func:`~cumf_dask.checkpoint.write_factors` writes them where they
         are (a checkpoint)."""
-        backend, threads = self.engine.backend, max(self.engine.read_threads.values(), default=1)
+        backend, threads = self.engine.backend, self.engine.read_threads
         return FactorWrites(self.X, backend, threads), FactorWrites(self.theta, backend, threads)
 
     def factors_as_dask(self) -> tuple[da.Array, da.Array]:
