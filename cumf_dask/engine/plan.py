@@ -31,9 +31,11 @@ solved batch out, and the other half-step copies it in one part at a time (the p
 "fixed part" of the memory model, so a factor that does not fit makes that half-step data
 parallel): each part once, with the parts as the outer loop, where the sums of all that
 half-step's batches fit next to two parts and the cost model predicts it faster, else once
-per batch. Partition boundaries balance ratings, not rows, so skewed data loads workers
-evenly; the memory model sizes each (p, q) by its largest batch, part and block (on skewed
-data the batches of light rows have many more rows than m / q).
+per batch. With checkpoints the factors' pieces on the workers count twice (a save holds
+the iteration it writes while the next ones run). Partition boundaries balance ratings, not
+rows, so skewed data loads workers evenly; the memory model sizes each (p, q) by its largest
+batch, part and block (on skewed data the batches of light rows have many more rows than
+m / q).
 """
 
 from __future__ import annotations
