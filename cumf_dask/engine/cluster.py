@@ -696,6 +696,16 @@ def worker_memory(client: Client, backend: str) -> int:
     return min(limits)
 
 
+def direct_to_workers(client: Client) -> bool:
+    """Whether this process fetches results from the workers themselves rather than through
+    the scheduler (Dask's default for a client): as the client asks (``direct_to_workers``),
+    else when its cluster is a local one, whose workers this machine reaches. A 6.3 GB factor
+    came from a GPU worker at 2.2-2.5 GB/s directly, 0.9 GB/s through the scheduler."""
+    if client.direct_to_workers is not None:
+        return bool(client.direct_to_workers)
+    return getattr(client, "cluster", None) is not None
+
+
 def plan_memory(client: Client, backend: str) -> int:
     """The smallest worker's memory that a plan may fill: GPU memory on GPU workers; on CPU
     workers the memory limit, or where Dask's memory manager pauses a worker past a fraction

@@ -27,7 +27,7 @@ from typing import Any
 
 from distributed import Client, Future, as_completed
 
-from .cluster import workers_info
+from .cluster import direct_to_workers, workers_info
 
 POLL_S = 0.5  # how often a wait asks the scheduler about its workers
 PAUSED_S = 20.0  # a worker paused this long for memory while tasks wait: out of memory
@@ -95,8 +95,10 @@ class Watch:
 
     async def _fetch(self, futures: list[Future]) -> tuple[list[Any], list[str]]:
         """(results, []) or ([], the placement workers gone while fetching), on the client's
-        event loop: the gather runs while the scheduler is asked about the workers."""
-        fetching = asyncio.ensure_future(self.client.gather(futures, asynchronous=True))
+        event loop: the gather runs while the scheduler is asked about the workers. Fetched
+        from the workers themselves on a local cluster (:func:`~.cluster.direct_to_workers`)."""
+        fetching = asyncio.ensure_future(self.client.gather(
+            futures, asynchronous=True, direct=direct_to_workers(self.client)))  # fmt: skip
         while True:
             done, _ = await asyncio.wait({fetching}, timeout=POLL_S)
             if done:
