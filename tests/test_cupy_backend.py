@@ -299,11 +299,12 @@ def test_to_host_copies_behind_the_queued_work(gpu):
     layout and dtype."""
     import cupy as cp
 
-    from cumf_dask.backend.cupy_backend import STAGING_BYTES
+    from cumf_dask.backend.cupy_backend import HOST_COPY_THREADS, STAGING_BYTES
 
     rng = cp.random.default_rng(3)
     big = rng.standard_normal((STAGING_BYTES // 4 * 2 + 777,), dtype=cp.float32)
-    for x in (big * 2,  # queued just before the copy
+    large = rng.standard_normal((HOST_COPY_THREADS * STAGING_BYTES // 4 + 777, 2))  # threads
+    for x in (big * 2, large * 2,  # queued just before the copy
               rng.standard_normal((300, 40), dtype=cp.float32)[:, ::3],  # not contiguous
               cp.arange(10, dtype=cp.uint16), cp.zeros((0, 5), cp.float32)):  # fmt: skip
         out = gpu.to_host(x)

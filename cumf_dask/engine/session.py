@@ -132,9 +132,14 @@ class Session:
         """(X, Theta) as NumPy arrays in this process: the host pieces come here directly
         (no concatenation on one worker first, as computing the Dask arrays would do),
         through the engine's watch (a worker lost meanwhile raises WorkerLost)."""
-        watch = self.engine.watch
-        X, Theta = (np.concatenate(watch.gather(self._on_host(f))) for f in (self.X, self.theta))
-        return X, Theta
+        watch, gathered = self.engine.watch, []
+        for factor in (self.X, self.theta):
+            parts = watch.gather(self._on_host(factor))
+            # a GPU piece's host copy is this process's own; a NumPy one may be the worker's
+            # array itself (workers that are threads here): copied, as concatenating does
+            own = len(parts) == 1 and self.engine.backend.startswith("cupy")
+            gathered.append(parts[0] if own else np.concatenate(parts))
+        return gathered[0], gathered[1]
 
     def run_batches(
         self, func: Any, shared: list[np.ndarray], batches: list[tuple], name: str
