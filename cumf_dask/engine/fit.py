@@ -481,9 +481,10 @@ class _Run:
 
     def _saved_factors(self, done: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The final factors read back from the checkpoint of iteration `done`, if that is
-        the last one written: from the page cache, where gathering them through Dask moves
-        about 1 GB/s (a 6.3 GB factor took 10-11 s, H100 machine, RESULTS.md). None without
-        it, or if it cannot be read (the factors are gathered instead)."""
+        the last one written: from the page cache, about as fast as a local cluster's
+        workers send them (2-2.5 GB/s) and faster than a joined cluster's scheduler passes
+        them on (0.9 GB/s: a 6.3 GB factor took 7 s; H100 machine, RESULTS.md). None
+        without it, or if it cannot be read (the factors are gathered instead)."""
         if self.saves is None or not done or self.saves.complete != done:
             return None
         try:
