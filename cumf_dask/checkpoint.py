@@ -33,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import time
 import uuid
 import warnings
 import zlib
@@ -718,25 +719,39 @@ class BackgroundSaves:
     fit on an H100, where an iteration takes 0.077 s. Saved in the fit's own thread, or
     after every iteration, it set the fit's pace (at x0.1: 0.27 s per iteration). So one save
     runs at a time, and an iteration that ends while it runs is not saved (:meth:`busy`),
-    but for the last one, which waits for it. A failed save's error is raised at the next
-    save (one iteration later at most). `complete` is the newest iteration whose checkpoint
-    is written: the one a recovery goes back to.
+    but for the last one, which waits for it. Nor is one whose save would still be written
+    when the fit's last iteration ends (:meth:`worth_starting`): the last one would wait for
+    it. A failed save's error is raised at the next save (one iteration later at most).
+    `complete` is the newest iteration whose checkpoint is written: the one a recovery goes
+    back to.
     """
 
     def __init__(self, checkpointer: Checkpointer, compute: Compute, complete: int | None):
         self.checkpointer, self.compute, self.complete = checkpointer, compute, complete
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cumf-checkpoint")
         self._saving: tuple[int, Future] | None = None
+        self.seconds: float | None = None  # how long the last save took
 
     def busy(self) -> bool:
         """Whether a save is still being written."""
         return self._saving is not None and not self._saving[1].done()
 
+    def worth_starting(self, remaining: float) -> bool:
+        """Whether a save started now would be written before the fit's last iteration
+        ends, `remaining` seconds from now (as long as the last save took), and none is
+        under way."""
+        return not self.busy() and (self.seconds is None or self.seconds <= remaining)
+
     def start(self, iteration: int, arrays: dict[str, Any], attrs: dict[str, Any]) -> None:
         """Save `iteration` once the save before it is complete."""
         self.wait()
-        save = self._pool.submit(self.checkpointer.save, iteration, arrays, attrs, self.compute)
+        save = self._pool.submit(self._timed, iteration, arrays, attrs)
         self._saving = (iteration, save)
+
+    def _timed(self, iteration: int, arrays: dict[str, Any], attrs: dict[str, Any]) -> None:
+        began = time.perf_counter()
+        self.checkpointer.save(iteration, arrays, attrs, self.compute)
+        self.seconds = time.perf_counter() - began
 
     def wait(self) -> int | None:
         """Wait for the save under way (its error is raised here); the newest complete

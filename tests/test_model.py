@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import random_ratings
 
-from cumf_dask.checkpoint import Checkpointer
+from cumf_dask.checkpoint import BackgroundSaves, Checkpointer
 from cumf_dask.data.ingest import ingest_arrays
 from cumf_dask.data.inputs import ingest_input
 from cumf_dask.data.spill import build_store
@@ -93,6 +93,16 @@ def test_checkpoints_are_written_while_the_fit_goes_on(store, client, tmp_path, 
     assert saved == [1, 4]
     assert Checkpointer(ckpt).names() == ["iter-00004", "iter-00001"]
     assert Checkpointer(ckpt).latest()[0] == 4
+
+
+def test_a_save_that_would_outlast_the_fit_is_not_started(tmp_path):
+    """The last iteration waits for the save under way, then writes its own: a save that
+    would still run when the fit ends only delays it."""
+    saves = BackgroundSaves(Checkpointer(tmp_path), lambda collections: [], None)
+    assert saves.worth_starting(0.0)  # nothing known of a save yet
+    saves.seconds = 2.0
+    assert not saves.worth_starting(1.9) and saves.worth_starting(2.0)
+    saves.close()
 
 
 def test_final_factors_come_from_the_last_checkpoint(store, client, tmp_path, monkeypatch):

@@ -632,7 +632,9 @@ class _Run:
         record = plain(record)  # JSON for the checkpoint and the run's metrics
         metrics = [*state.metrics, record]
         saves = self.saves  # written while the next iterations run (the last: always)
-        if saves is not None and (it == self.params.iterations or not saves.busy()):
+        steady = [r["seconds"] for r in metrics[1:]] or [record["seconds"]]  # not loading R
+        remaining = (self.params.iterations - it) * sum(steady) / len(steady)
+        if saves is not None and (it == self.params.iterations or saves.worth_starting(remaining)):
             Xw, Tw = Session(engine, X, theta).factor_writes()
             saves.start(it, {"user_factors": Xw, "item_factors": Tw},
                              {**self.here, "metrics": metrics})  # fmt: skip
