@@ -105,10 +105,10 @@ class Session:
         self.X.pieces, self.X.placed = [], {}
         self.theta.pieces, self.theta.placed = [], {}
 
-    def _on_host(self, factor: Factor) -> list[Any]:
-        """Each piece of `factor` copied to host memory on its worker (futures)."""
+    def _on_host(self, factor: Factor, copy: Any = tasks.to_host) -> list[Any]:
+        """Each piece of `factor` copied to host memory on its worker by `copy` (futures)."""
         backend = self.engine.backend
-        return [self.client.submit(tasks.to_host, fut, backend, pure=False)
+        return [self.client.submit(copy, fut, backend, pure=False)
                 for _, _, fut in factor.pieces]  # fmt: skip
 
     def _dask(self, factor: Factor) -> da.Array:
@@ -134,11 +134,8 @@ class Session:
         through the engine's watch (a worker lost meanwhile raises WorkerLost)."""
         watch, gathered = self.engine.watch, []
         for factor in (self.X, self.theta):
-            parts = watch.gather(self._on_host(factor))
-            # a GPU piece's host copy is this process's own; a NumPy one may be the worker's
-            # array itself (workers that are threads here): copied, as concatenating does
-            own = len(parts) == 1 and self.engine.backend.startswith("cupy")
-            gathered.append(parts[0] if own else np.concatenate(parts))
+            parts = watch.gather(self._on_host(factor, tasks.own_host_copy))
+            gathered.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
         return gathered[0], gathered[1]
 
     def run_batches(

@@ -378,6 +378,14 @@ def to_host(arr: Any, backend: str) -> np.ndarray:
     return get_backend(backend).to_host(arr)
 
 
+def own_host_copy(arr: Any, backend: str) -> np.ndarray:
+    """`arr` in host memory as an array of its own: a piece already in host memory (NumPy,
+    or a GPU fit's factor kept on the host) is copied, since ``to_host`` hands it back as it
+    is and the process that receives it may be the worker's own (workers as threads)."""
+    host = get_backend(backend).to_host(arr)
+    return host.copy() if host is arr else host
+
+
 def store_piece(
     piece: Any, lo: int, where: str, name: str, chunks: list[tuple[int, int, int]],
     backend: str, threads: int,
