@@ -105,6 +105,17 @@ def test_a_save_that_would_outlast_the_fit_is_not_started(tmp_path):
     saves.close()
 
 
+def test_gathered_factors_are_the_models_own(store, clients):
+    """A single piece on a worker that is a thread of this process comes as a copy: the
+    model's factors never share memory with the pieces the session keeps on the cluster."""
+    model = ALS(4, 0.05, 2, backend="numpy").fit(store, client=clients(1))
+    pieces = [fut.result() for factor in (model._session.X, model._session.theta)
+              for _, _, fut in factor.pieces]  # fmt: skip
+    for piece in pieces:
+        for own in (model.user_factors_, model.item_factors_):
+            assert not np.shares_memory(piece, own)
+
+
 def test_final_factors_come_from_the_last_checkpoint(store, client, tmp_path, monkeypatch):
     """With the last iteration's checkpoint written, the factors are read back from it (not
     gathered through Dask): the same numbers as a fit without checkpoints."""
