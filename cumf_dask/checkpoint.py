@@ -6,7 +6,9 @@ the previous checkpoint valid. A saved model is replaced the same way: the old o
 aside only once the new one is complete. Each Zarr chunk is written once, numbers by a
 pool of threads (the writes and CRCs release the GIL): here for arrays in this process, and
 on the workers for a fit's factors (:class:`ChunkWrites`: each worker writes the chunks
-within its pieces, each thread copying one chunk at a time to host memory). Writers
+within its pieces, each thread copying one chunk at a time to host memory). Factors read
+from a checkpoint or model and saved again are hard-linked from it where the files still
+hold their bytes (:func:`link_chunk`): the model shares them with its last checkpoint. Writers
 exclude each other (:class:`~cumf_dask.locks.WriterLock`: a model's ``<path>.lock``, a
 checkpoint folder's ``<folder>.lock``); what a killed writer left (``.tmp-*``, ``.old-*``)
 is dealt with by the next writer of the same target, with a warning: a complete copy is put
@@ -102,19 +104,73 @@ def store_rows(where: str, name: str, first: int, block: np.ndarray) -> int:
 
 def store_chunks(
     where: str, name: str, rows_of: Callable[[int, int], np.ndarray],
-    chunks: Sequence[tuple[int, int, int]], threads: int,
+    chunks: Sequence[tuple[int, int, int]], threads: int, link_from: Path | None = None,
 ) -> dict[int, int]:  # fmt: skip
     """Write the `chunks` (:func:`chunk_ranges`) of array `name`, `threads` at a time, each
     from ``rows_of(first, end)`` (rows on the host, made as the chunk is written: a factor
     is never whole in host memory); {chunk index: CRC-32}. The writes and CRCs release the
-    GIL: 16 threads wrote 8.5 GB/s where one wrote 1.2 (H100 machine, RESULTS.md)."""
+    GIL: 16 threads wrote 8.5 GB/s where one wrote 1.2 (H100 machine, RESULTS.md).
+    `link_from`: a group of the same layout whose chunks holding the same bytes are linked
+    (:func:`link_chunk`) instead of written."""
     crcs: dict[int, int] = {}
 
     def job(index: int, first: int, end: int) -> None:
-        crcs[index] = store_rows(where, name, first, rows_of(first, end))
+        block = rows_of(first, end)
+        if link_from is not None and link_chunk(link_from, where, name, index, first, block):
+            crcs[index] = chunk_crc(block)
+        else:
+            crcs[index] = store_rows(where, name, first, block)
 
     threads_run([partial(job, *chunk) for chunk in chunks], threads, use="save")
     return crcs
+
+
+def link_chunk(
+    source: Path, where: str, name: str, index: int, first: int, block: np.ndarray
+) -> bool:
+    """Whether chunk `index` (rows first..) of array `name` at `where` is now a hard link to
+    the same chunk of the group at `source`, and reads back as exactly `block`'s bytes: a
+    factor read from a checkpoint or model and saved unchanged is neither written again
+    nor stored twice. Nothing is linked (False: write it) where that file is missing (Zarr
+    leaves all-zero chunks out), on another filesystem, or holds other bytes (a folder
+    written again since it was read). Safe because factor files are never written in
+    place: every save is a new group renamed into place."""
+    target = Path(where) / _chunk_key(name, index, block.ndim)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.link(source / _chunk_key(name, index, block.ndim), target)
+    except OSError:
+        return False
+    try:
+        found = zarr.open_array(store=where, path=name, mode="r")[first : first + len(block)]
+        same = _same_bytes(found, block)
+    except Exception:  # undecodable: write it instead
+        same = False
+    if not same:
+        target.unlink()
+    return same
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bytes (not values: 0.0 and -0.0 have other CRCs; NaN equals itself)."""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(
+        a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
+    )
+
+
+def _same_layout(source: Path, target: Path) -> bool:
+    """Whether two Zarr arrays' metadata (shape, chunks, dtype, codecs) agree, so their
+    chunk files are interchangeable."""
+    try:
+        ours, theirs = (json.loads((p / "zarr.json").read_text()) for p in (source, target))
+    except (OSError, ValueError):
+        return False
+    if not (isinstance(ours, dict) and isinstance(theirs, dict)):
+        return False
+    ours.pop("attributes", None)
+    theirs.pop("attributes", None)
+    return ours == theirs
 
 
 @runtime_checkable
@@ -144,6 +200,7 @@ def write_factors(
     replace_any: bool = False,
     what: str = "the model",
     after_error: str = "then save it again",
+    link_from: str | Path | None = None,
 ) -> None:
     """Write factor arrays and attrs to a new Zarr group at `path` (see the module doc).
 
@@ -152,7 +209,9 @@ def write_factors(
     runs the chunk writes of arrays held elsewhere (:class:`ChunkWrites`; default:
     ``dask.compute``). `lock`: take the
     target's writer lock (a checkpoint's folder lock is held by its Checkpointer instead).
-    `what` and `after_error` word a full disk's message.
+    `what` and `after_error` word a full disk's message. `link_from`: the model or
+    checkpoint the arrays were read from; its chunks that still hold their bytes are
+    hard-linked, not written (:func:`link_chunk`).
     """
     path = Path(local_path(path))
     check_writable(path, what)
@@ -163,7 +222,8 @@ def write_factors(
         tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
         try:
             group = zarr.open_group(str(tmp), mode="w")
-            sums = _write_arrays(group, str(tmp), arrays, compute)
+            source = Path(local_path(link_from)) if link_from is not None else None
+            sums = _write_arrays(group, str(tmp), arrays, compute, source)
             group.update_attributes({**attrs, "digests": sums, "digest": DIGEST,
                                 "chunk_rows": ROW_CHUNK, "complete": True})  # fmt: skip
             _move_into_place(tmp, path)
@@ -249,7 +309,7 @@ def _remove(path: Path) -> str:
 
 def _write_arrays(
     group: Any, where: str, arrays: dict[str, np.ndarray | ChunkWrites | None],
-    compute: Compute | None,
+    compute: Compute | None, link_from: Path | None = None,
 ) -> dict:  # fmt: skip
     sums: dict[str, list[int]] = {}
     pending: list[tuple[str, int, list[Any]]] = []
@@ -272,8 +332,10 @@ def _write_arrays(
             target[...] = arr.astype(object)
             sums[name] = digests(arr, ROW_CHUNK)
         else:
+            linkable = link_from is not None and _same_layout(link_from / name,
+                                                              Path(where) / name)
             crcs = store_chunks(where, name, lambda a, b, arr=arr: arr[a:b], ranges,
-                                SAVE_THREADS)  # fmt: skip
+                                SAVE_THREADS, link_from if linkable else None)  # fmt: skip
             sums[name] = [crcs[k] for k in range(len(ranges))]
     collections = [c for _, _, writes in pending for c in writes]
     if collections:
@@ -463,13 +525,11 @@ def _read_array(path: Any, group: Any, name: str, kind: str, sums: list[int] | N
         detail = f"array '{name}' is missing ({name}/zarr.json deleted?)"
         raise _damaged(path, kind, detail) from None
     try:
-        data = np.asarray(arr[...])
+        data, found = _read_chunks(arr) if sums is not None else (np.asarray(arr[...]), [])
     except Exception as exc:
         raise _damaged(path, kind, _undecodable(arr, name, exc)) from None
     if sums is None:
         return data
-    rows = int(arr.chunks[0])
-    found = digests(data, rows)
     if len(found) != len(sums):
         detail = f"'{name}' has {len(found)} chunks, its digest lists {len(sums)}"
         raise _damaged(path, kind, detail)
@@ -484,6 +544,25 @@ def _read_array(path: Any, group: Any, name: str, kind: str, sums: list[int] | N
             )
             raise _damaged(path, kind, detail)
     return data
+
+
+def _read_chunks(arr: Any) -> tuple[np.ndarray, list[int]]:
+    """The array and its chunks' CRC-32s; numbers read a chunk per job on SAVE_THREADS
+    threads (the reads and CRCs release the GIL), each summed as it lands."""
+    rows = int(arr.chunks[0])
+    if np.dtype(arr.dtype).kind not in "biuf":
+        data = np.asarray(arr[...])
+        return data, digests(data, rows)
+    data = np.empty(arr.shape, np.dtype(arr.dtype))
+    ranges = chunk_ranges(arr.shape[0], rows)
+    crcs = [0] * len(ranges)
+
+    def job(index: int, first: int, end: int) -> None:
+        data[first:end] = arr[first:end]
+        crcs[index] = chunk_crc(data[first:end])
+
+    threads_run([partial(job, *chunk) for chunk in ranges], SAVE_THREADS, use="load")
+    return data, crcs
 
 
 def _undecodable(arr: Any, name: str, exc: Exception) -> str:
