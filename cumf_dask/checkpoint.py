@@ -8,7 +8,7 @@ pool of threads (the writes and CRCs release the GIL): here for arrays in this p
 on the workers for a fit's factors (:class:`ChunkWrites`: each worker writes the chunks
 within its pieces, each thread copying one chunk at a time to host memory). Factors read
 from a checkpoint or model and saved again are hard-linked from it where the files still
-hold their bytes (:func:`link_chunk`): the model shares them with its last checkpoint. Writers
+hold their bytes (:func:`stale_links`): the model shares them with its last checkpoint. Writers
 exclude each other (:class:`~cumf_dask.locks.WriterLock`: a model's ``<path>.lock``, a
 checkpoint folder's ``<folder>.lock``); what a killed writer left (``.tmp-*``, ``.old-*``)
 is dealt with by the next writer of the same target, with a warning: a complete copy is put
@@ -110,53 +110,67 @@ def store_chunks(
     from ``rows_of(first, end)`` (rows on the host, made as the chunk is written: a factor
     is never whole in host memory); {chunk index: CRC-32}. The writes and CRCs release the
     GIL: 16 threads wrote 8.5 GB/s where one wrote 1.2 (H100 machine, RESULTS.md).
-    `link_from`: a group of the same layout whose chunks holding the same bytes are linked
-    (:func:`link_chunk`) instead of written."""
+    `link_from`: a group of the same layout whose chunk files are hard-linked instead
+    where they hold the same bytes (:func:`stale_links`)."""
     crcs: dict[int, int] = {}
+    linked: dict[int, str] = {}  # chunk index -> its file's key
 
     def job(index: int, first: int, end: int) -> None:
         block = rows_of(first, end)
-        if link_from is not None and link_chunk(link_from, where, name, index, first, block):
+        key = _chunk_key(name, index, block.ndim)
+        if link_from is not None and _linked(link_from / key, Path(where) / key):
+            linked[index] = key
             crcs[index] = chunk_crc(block)
         else:
             crcs[index] = store_rows(where, name, first, block)
 
     threads_run([partial(job, *chunk) for chunk in chunks], threads, use="save")
+    if link_from is not None and linked:
+        stale = stale_links(link_from, Path(where), name, linked, crcs)
+        for index in stale:
+            (Path(where) / linked[index]).unlink()
+        again = [chunk for chunk in chunks if chunk[0] in stale]
+        crcs.update(store_chunks(where, name, rows_of, again, threads))
     return crcs
 
 
-def link_chunk(
-    source: Path, where: str, name: str, index: int, first: int, block: np.ndarray
-) -> bool:
-    """Whether chunk `index` (rows first..) of array `name` at `where` is now a hard link to
-    the same chunk of the group at `source`, and reads back as exactly `block`'s bytes: a
-    factor read from a checkpoint or model and saved unchanged is neither written again
-    nor stored twice. Nothing is linked (False: write it) where that file is missing (Zarr
-    leaves all-zero chunks out), on another filesystem, or holds other bytes (a folder
-    written again since it was read). Safe because factor files are never written in
-    place: every save is a new group renamed into place."""
-    target = Path(where) / _chunk_key(name, index, block.ndim)
+def _linked(source: Path, target: Path) -> bool:
+    """Whether `target` is now a hard link to `source` (not where that is missing, as Zarr
+    leaves all-zero chunks out, or on another filesystem)."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.link(source / _chunk_key(name, index, block.ndim), target)
+        os.link(source, target)
     except OSError:
         return False
+    return True
+
+
+def stale_links(
+    source: Path, where: Path, name: str, linked: dict[int, str], crcs: dict[int, int]
+) -> set[int]:
+    """The chunks of array `name` linked from the group at `source` that may not hold the
+    bytes whose CRC-32s are `crcs`: the source's digest (read after the links were made)
+    differs, or its file is no longer the one linked (the group was written again
+    meanwhile). Factors read from a checkpoint or model and saved unchanged are so neither
+    written again nor stored twice; safe because factor files are never written in place
+    (every save is a new group renamed into place)."""
     try:
-        found = zarr.open_array(store=where, path=name, mode="r")[first : first + len(block)]
-        same = _same_bytes(found, block)
-    except Exception:  # undecodable: write it instead
-        same = False
-    if not same:
-        target.unlink()
-    return same
-
-
-def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal bytes (not values: 0.0 and -0.0 have other CRCs; NaN equals itself)."""
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(
-        a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
-    )
+        attrs = json.loads((source / "zarr.json").read_text())["attributes"]
+        sums = attrs["digests"][name]
+        if attrs.get("digest") != DIGEST or not isinstance(sums, list):
+            return set(linked)
+    except (OSError, ValueError, KeyError, TypeError):
+        return set(linked)
+    stale = set()
+    for index, key in linked.items():
+        try:
+            same = (index < len(sums) and sums[index] == crcs[index]
+                    and os.path.samefile(source / key, where / key))  # fmt: skip
+        except OSError:
+            same = False
+        if not same:
+            stale.add(index)
+    return stale
 
 
 def _same_layout(source: Path, target: Path) -> bool:
@@ -211,7 +225,7 @@ def write_factors(
     target's writer lock (a checkpoint's folder lock is held by its Checkpointer instead).
     `what` and `after_error` word a full disk's message. `link_from`: the model or
     checkpoint the arrays were read from; its chunks that still hold their bytes are
-    hard-linked, not written (:func:`link_chunk`).
+    hard-linked, not written (:func:`stale_links`).
     """
     path = Path(local_path(path))
     check_writable(path, what)
