@@ -539,7 +539,8 @@ def _read_array(path: Any, group: Any, name: str, kind: str, sums: list[int] | N
         detail = f"array '{name}' is missing ({name}/zarr.json deleted?)"
         raise _damaged(path, kind, detail) from None
     try:
-        data, found = _read_chunks(arr) if sums is not None else (np.asarray(arr[...]), [])
+        data, found = (_read_chunks(arr, Path(local_path(path)) / name) if sums is not None
+                       else (np.asarray(arr[...]), []))  # fmt: skip
     except Exception as exc:
         raise _damaged(path, kind, _undecodable(arr, name, exc)) from None
     if sums is None:
@@ -560,9 +561,11 @@ def _read_array(path: Any, group: Any, name: str, kind: str, sums: list[int] | N
     return data
 
 
-def _read_chunks(arr: Any) -> tuple[np.ndarray, list[int]]:
+def _read_chunks(arr: Any, folder: Path) -> tuple[np.ndarray, list[int]]:
     """The array and its chunks' CRC-32s; numbers read a chunk per job on SAVE_THREADS
-    threads (the reads and CRCs release the GIL), each summed as it lands."""
+    threads (the reads and CRCs release the GIL), each summed as it lands. Chunks stored as
+    their rows' plain bytes (how factors are written) are read from their files straight
+    into the array (:func:`_raw_chunk_bytes`), else through zarr."""
     rows = int(arr.chunks[0])
     if np.dtype(arr.dtype).kind not in "biuf":
         data = np.asarray(arr[...])
@@ -570,13 +573,56 @@ def _read_chunks(arr: Any) -> tuple[np.ndarray, list[int]]:
     data = np.empty(arr.shape, np.dtype(arr.dtype))
     ranges = chunk_ranges(arr.shape[0], rows)
     crcs = [0] * len(ranges)
+    raw = _raw_chunk_bytes(folder, data)
 
     def job(index: int, first: int, end: int) -> None:
-        data[first:end] = arr[first:end]
+        if raw:
+            key = _chunk_key(folder.name, index, data.ndim)
+            _read_raw(folder.parent / key, data[first:end], raw)
+        else:
+            data[first:end] = arr[first:end]
         crcs[index] = chunk_crc(data[first:end])
 
     threads_run([partial(job, *chunk) for chunk in ranges], SAVE_THREADS, use="load")
     return data, crcs
+
+
+def _raw_chunk_bytes(folder: Path, data: np.ndarray) -> int:
+    """The size of each chunk file of the array at `folder` if its chunks hold whole rows
+    as their plain little-endian bytes (no compressor) and a missing chunk is zeros, else
+    0 (read it through zarr)."""
+    try:
+        meta = json.loads((folder / "zarr.json").read_text())
+        chunk = meta["chunk_grid"]["configuration"]["chunk_shape"]
+        plain = (
+            meta["codecs"] == [{"name": "bytes", "configuration": {"endian": "little"}}]
+            and meta["chunk_key_encoding"]["configuration"]["separator"] == "/"
+            and meta["fill_value"] == 0 and list(meta["shape"]) == list(data.shape)
+            and list(chunk[1:]) == list(data.shape[1:])
+            and data.dtype.byteorder in "=<|" and np.little_endian
+        )  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return 0
+    return int(np.prod(chunk)) * data.dtype.itemsize if plain else 0
+
+
+def _read_raw(path: Path, rows: np.ndarray, size: int) -> None:
+    """Fill `rows` from the chunk file at `path` (`size` bytes, its first ones the rows';
+    absent: zeros, as Zarr reads it); OSError for a file of another size."""
+    into = memoryview(rows.reshape(-1)).cast("B")
+    try:
+        with open(path, "rb", buffering=0) as fh:
+            found = os.fstat(fh.fileno()).st_size
+            if found != size:
+                raise OSError(f"chunk file {path} holds {found} bytes, not {size}")
+            done = 0
+            while done < len(into):
+                got = fh.readinto(into[done:])
+                if not got:
+                    raise OSError(f"chunk file {path} ended early")
+                done += got
+    except FileNotFoundError:
+        rows[...] = 0
 
 
 def _undecodable(arr: Any, name: str, exc: Exception) -> str:

@@ -179,6 +179,28 @@ def test_a_saved_model_links_the_chunks_it_was_read_from(store, client, tmp_path
                                   other.user_factors_)  # fmt: skip
 
 
+def test_factor_chunks_are_read_from_their_files_as_zarr_reads_them(tmp_path, monkeypatch):
+    """Chunks of plain bytes are read from their files: the same arrays as zarr gives,
+    an all-zero chunk that Zarr left out included (and its CRC checked)."""
+    import cumf_dask.checkpoint as ck
+
+    monkeypatch.setattr(ck, "ROW_CHUNK", 8)
+    X = np.random.default_rng(5).normal(size=(37, 3)).astype(np.float32)
+    X[8:16] = 0  # chunk 1: no file
+    ids = np.arange(100, 137)
+    attrs = {"factors": 3, "regularization": 0.1, "iterations": 1, "seed": 0, "m": 37,
+             "n": 2, "format": ck.MODEL_FORMAT, "version": ck.MODEL_VERSION}  # fmt: skip
+    ck.write_factors(tmp_path / "m.zarr", {"user_factors": X, "item_factors": X[:2],
+                                           "user_ids": ids}, attrs)  # fmt: skip
+    assert not (tmp_path / "m.zarr/user_factors/c/1/0").exists()
+    _, arrays = ck.read_factors(tmp_path / "m.zarr")
+    np.testing.assert_array_equal(arrays["user_factors"], X)
+    np.testing.assert_array_equal(arrays["user_ids"], ids)
+    (tmp_path / "m.zarr/user_factors/c/3/0").write_bytes(b"\0" * 40)  # cut short
+    with pytest.raises(StoreError, match=r"chunk user_factors/c/3/0 cannot be decoded"):
+        ck.read_factors(tmp_path / "m.zarr")
+
+
 def test_interrupted_checkpoint_write_keeps_previous(store, client, tmp_path):
     ckpt = tmp_path / "ckpt"
     ALS(4, 0.05, 2, backend="numpy", checkpoint_dir=str(ckpt)).fit(store, client=client)
