@@ -740,6 +740,33 @@ def test_a_full_disk_while_building_a_store_is_one_error(tmp_path, monkeypatch, 
     assert not list((tmp_path / "out").iterdir())
 
 
+@pytest.mark.parametrize("when", ["before", "while"])
+def test_a_dead_spill_folder_another_ingest_removes_meanwhile_is_skipped(tmp_path, monkeypatch,
+                                                                         when):  # fmt: skip
+    """Two ingests starting together may both clear a killed ingest's spill folder: what the
+    other removes first, the folder (`before` this one measures it) or its files (`while`
+    it does), is skipped, never an error that fails a valid ingest."""
+    dead = spill.new_spill_dir(str(tmp_path))
+    (dead / spill.OWNER).write_text(json.dumps(owner(dead_pid())))
+    (dead / "row-0").write_bytes(b"x" * 1000)
+    read, stat = spill.read_owner, os.stat
+
+    def remove_after(function):  # the other ingest removes the folder after this call
+        def racing(path, *args, **kwargs):
+            result = function(path, *args, **kwargs)
+            if when == "before" or str(path) == str(dead / "row-0"):
+                shutil.rmtree(dead, ignore_errors=True)
+            return result
+
+        return racing
+
+    monkeypatch.setattr(*((spill, "read_owner", remove_after(read)) if when == "before" else
+                          (os, "stat", remove_after(stat))))  # fmt: skip
+    with pytest.warns(CumfWarning, match=rf"removed 1 spill folder\(s\) .*: {dead.name}"):
+        spill.clear_dead_spills(str(tmp_path))
+    assert not dead.exists()
+
+
 def test_leftovers_of_killed_runs_are_removed(tmp_path, capsys):
     spills = tmp_path / "tmp"
     spills.mkdir()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import functools
 import gzip
 import lzma
 import os
@@ -865,6 +866,40 @@ def test_sparse_declared_shape_makes_few_bands(tmp_path):
                          split="users", test_fraction=0.5)  # fmt: skip
     assert summed.n_row_tiles == 2
     assert contents(summed) == {k: 2 * v for k, v in expected(records).items()}
+
+
+def test_rows_of_many_ratings_get_small_bands_when_ids_are_mapped(tmp_path, monkeypatch):
+    """Ids mapped (no shape declared) spill SPILL_TILE rows a band, merged up to what the
+    final shape wants: rows of many ratings (default_tile below the spill tile; here made
+    so with a smaller target) get bands of SPILL_TILE rows, not 65,536, so a block load
+    decodes little beyond its rows."""
+    from cumf_dask.data import spill
+    from cumf_dask.data.store import default_tile
+
+    monkeypatch.setattr(spill, "default_tile", functools.partial(default_tile, target=8_000))
+    users = np.repeat(np.arange(3 * spill.SPILL_TILE), 4)
+    items = np.tile(np.arange(4), 3 * spill.SPILL_TILE)
+    store = ingest_arrays(tmp_path / "s.zarr", users * 7 + 1, items, users % 5 + 1.0,
+                          test_fraction=0.0)
+    assert (store.tile_rows, store.n_row_tiles) == (spill.SPILL_TILE, 3)
+    np.testing.assert_array_equal(store.counts("row"), np.full(store.m, 4))
+    assert store.ids("rows").tolist() == (np.arange(store.m) * 7 + 1).tolist()
+
+
+def test_id_maps_shorter_than_the_ratings_use_are_refused(tmp_path):
+    """Id maps given to the builder name at least every row and column the ratings use:
+    a shorter one would drop ratings silently or read as a damaged store."""
+    from cumf_dask.data.spill import build_store
+
+    url = tmp_path / "s.zarr"
+    rows, cols, vals = [0, 1, 5, 9], [0, 1, 2, 3], [1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(IngestError, match=r"^the row ids name 3 rows, but the ratings use row "
+                       r"index 9: give one id per row \(at least 10\)$"):  # fmt: skip
+        build_store(url, rows, cols, vals, row_ids=np.array([10, 11, 12]), tile_rows=4)
+    with pytest.raises(IngestError, match=r"^the column ids name 2 columns, but the ratings use "
+                       r"column index 3: give one id per column \(at least 4\)$"):  # fmt: skip
+        build_store(url, rows, cols, vals, col_ids=np.array([7, 8]))
+    assert_nothing_at(url)
 
 
 def test_cli_exit_codes_of_sizes_columns_and_directories(tmp_path, capsys):

@@ -404,7 +404,14 @@ DAMAGE = {
     "counts chunk deleted": lambda url: (Path(url) / "row_nnz" / "c" / "0").unlink(),
     "array metadata deleted": lambda url: (Path(url) / "by_col" / "0" / "minor" / "zarr.json")
     .unlink(),
+    "counts metadata cut short": lambda url: _cut_short(Path(url) / "row_nnz" / "zarr.json"),
+    "totals metadata cut short": lambda url: _cut_short(Path(url) / "by_col/band_nnz/zarr.json"),
 }
+
+
+def _cut_short(path: Path) -> None:
+    """A metadata file cut off mid-write (an interrupted copy, a full disk)."""
+    path.write_text(path.read_text()[:40])
 
 
 def _shorten_chunk(url: str) -> None:
@@ -430,16 +437,21 @@ def _shorten_chunk(url: str) -> None:
 
 
 def _forget_records(url: str) -> None:
-    """Strip what a build records to bind data to its place (each band group's identity and
-    chunk crc32c, the count arrays' crc32c): the store as one built before the records."""
+    """Strip what a build records to bind data to its place (each band group's identity,
+    build and chunk crc32c, the count arrays' build and crc32c): the store as one built
+    before the records."""
     for meta in Path(url).glob("**/zarr.json"):
         doc = json.loads(meta.read_text())
         attrs = doc.get("attributes") or {}
-        keys = ("kind", "axis", "band", "nnz", "crc32c") if "band" in attrs else ("crc32c",)
-        if any(key in attrs for key in keys):
-            for key in keys:
-                attrs.pop(key, None)
-            meta.write_text(json.dumps(doc))
+        if "band" in attrs:
+            keys: tuple[str, ...] = ("kind", "axis", "band", "nnz", "crc32c", "build")
+        elif "crc32c" in attrs:
+            keys = ("crc32c", "build")
+        else:
+            continue
+        for key in keys:
+            attrs.pop(key, None)
+        meta.write_text(json.dumps(doc))
 
 
 def _flip(path: Path, offset: int) -> None:
@@ -460,6 +472,36 @@ def test_damaged_or_missing_data_is_an_error_never_zeros(tmp_path, ratings, dama
             store.counts(orient)
             store.read_block(orient, (0, store.shape(orient)[0]), (0, store.shape(orient)[1]))
     assert "rebuild" in str(err.value)
+
+
+#: valid JSON that is no zarr v3 array's metadata: the edit, and the error it makes inside
+NOT_AN_ARRAY = {
+    "codecs missing": (lambda doc: doc.pop("codecs"), "KeyError"),
+    "codecs empty": (lambda doc: doc["codecs"].clear(), "IndexError"),
+    "shape not a number": (lambda doc: doc.update(shape=["x"]), "ValueError"),
+    "grid not a mapping": (lambda doc: doc["chunk_grid"].update(configuration=None), "TypeError"),
+    "empty chunks": (lambda doc: doc["chunk_grid"]["configuration"].update(chunk_shape=[0]),
+                     "ValueError"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_AN_ARRAY))
+def test_array_metadata_of_the_wrong_structure_is_one_store_error(tmp_path, ratings, case):
+    """Valid JSON that is no zarr v3 array's metadata (a field missing, emptied or of the
+    wrong type) is the damaged-store error naming the array, never a raw exception."""
+    edit, why = NOT_AN_ARRAY[case]
+    url = str(tmp_path / "s.zarr")
+    store = tiled_store(tmp_path, ratings, (64, 32))
+    meta = Path(url) / "by_row/0/val/zarr.json"
+    doc = json.loads(meta.read_text())
+    edit(doc)
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(StoreError, match=rf"by_row/0/val: damaged store: the array's metadata is "
+                       rf"not a zarr v3 array's \({why}.*; rebuild the store"):  # fmt: skip
+        store.read_block("row", (0, M), (0, N))
+    meta.write_text("[]")
+    with pytest.raises(StoreError, match=r"not a zarr v3 array's \(AttributeError"):
+        store.read_block("row", (0, M), (0, N))
 
 
 def _split_store(url, ratings, **kwargs):
@@ -503,14 +545,18 @@ def test_id_maps_are_whole_even_when_all_zeros_and_verify_reads_them(tmp_path, a
 
 def test_verify_finds_sound_chunks_that_disagree(tmp_path, ratings):
     """Chunks that each pass their checksums but do not belong together: the column bands
-    of another store with the same ratings' positions, a held-out band of another split,
-    stats that do not match the values."""
+    of another store with the same ratings' positions (in a store built before the build
+    id: else their record names them at once), a held-out band of another split, stats that
+    do not match the values."""
     rows, cols, vals = ratings
     url, other = str(tmp_path / "s.zarr"), str(tmp_path / "o.zarr")
     _split_store(url, ratings)
     _split_store(other, (rows, cols, vals + 0.5))
     shutil.rmtree(Path(url) / "by_col" / "1")
     shutil.copytree(Path(other) / "by_col" / "1", Path(url) / "by_col" / "1")
+    with pytest.raises(StoreError, match="'by_col/1' was written by another build"):
+        verify_store(RatingsStore.open(url))
+    _forget_records(url)
     with pytest.raises(StoreError, match="row and column bands hold different ratings"):
         verify_store(RatingsStore.open(url))
 
@@ -797,6 +843,29 @@ def test_band_folders_out_of_place_are_an_error(tmp_path, spread):
         store.read_block("row", (0, M), (0, N), split="test")
 
 
+def test_a_band_folder_of_another_store_is_an_error_a_fit_finds(tmp_path, spread, client2):
+    """Every band and count array records the build that wrote it: a band folder or count
+    array copied from another store of the same geometry and ratings pattern (a bad restore,
+    an rsync mixing two versions) passes every other check, never this one."""
+    from cumf_dask.model import ALS
+
+    rows, cols, vals = spread
+    url, other = str(tmp_path / "s.zarr"), str(tmp_path / "other.zarr")
+    _split_store(url, spread)
+    _split_store(other, (rows, cols, 6 - vals))  # the same pairs, other ratings
+    for name in ("by_col/0", "row_nnz"):
+        shutil.rmtree(Path(url) / name)
+        shutil.copytree(Path(other) / name, Path(url) / name)
+        match = (rf"s.zarr: damaged store: '{name}' was written by another build \(build "
+                 r"\w+, the store's is \w+\): copied from another store, or left from an "
+                 "earlier build of this one; rebuild")  # fmt: skip
+        with pytest.raises(StoreError, match=match):
+            if name == "row_nnz":
+                RatingsStore.open(url).counts("row")
+            else:
+                ALS(3, 0.1, 2, backend="numpy").fit(url, client=client2)
+
+
 @RECORDS
 def test_count_chunks_swapped_between_bands_are_an_error(tmp_path, spread, records):
     """Counts of any row range are read from band boundaries and each band's checked: by
@@ -917,6 +986,64 @@ def test_a_read_failing_on_a_store_rebuilt_meanwhile_says_replaced(tmp_path, spr
         bands.slice(2)
     with pytest.raises(StoreError, match=r"the store was replaced .* open it again"):
         raise store.damaged("anything a read's own checks find")
+
+
+def test_a_remote_store_rebuilt_during_a_fit_says_replaced(spread, client2):
+    """Over a URL too, a store rebuilt in place while a fit reads it (a store-tier fit reads
+    every block each half-step) is the replaced-store error, never a model of two stores."""
+    from cumf_dask.config import PlanConfig
+    from cumf_dask.model import ALS
+
+    rows, cols, vals = spread
+    url = "memory://rebuilt.zarr"
+    kwargs = {"shape": (M, N), "tile_rows": 64, "tile_cols": 32, "overwrite": True}
+    store = build_store(url, rows, cols, vals, **kwargs)
+
+    def rebuild(record):
+        if record["iteration"] == 1:
+            build_store(url, rows, cols, 6 - vals, **kwargs)
+
+    model = ALS(3, 0.1, 3, backend="numpy", plan=PlanConfig(p=2, q=2, blocks="store"),
+                callbacks=[rebuild])  # fmt: skip
+    with pytest.raises(StoreError, match=r"^memory://rebuilt.zarr: the store was replaced "
+                       r"\(rebuilt with --overwrite\?\) since it was opened; open it"):  # fmt: skip
+        model.fit(store, client=client2)
+
+
+def test_a_store_moved_away_reads_as_gone_not_damaged(tmp_path, spread):
+    """A store moved aside while open (as a rebuild's publish does between its renames) is
+    'gone', for its counts as for its bands: not damage to rebuild."""
+    url = str(tmp_path / "s.zarr")
+    store = _split_store(url, spread)
+    Path(url).rename(tmp_path / "aside.zarr")
+    for read in (lambda: store.counts("col"), lambda: store.read_band("row", 0)):
+        with pytest.raises(StoreError, match=r"s.zarr: the store's metadata is gone or "
+                           r"unreadable since it was opened \(deleted or being replaced"):
+            read()
+
+
+def test_a_store_path_is_absolute_and_a_worker_that_cannot_read_it_is_told(
+    tmp_path, spread, monkeypatch
+):
+    """A relative store path is made absolute on open (workers run in other folders); a
+    process that never could read the store's metadata is named, with where it runs, and
+    told the store must be on storage every worker reads."""
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    _split_store("s.zarr", spread)
+    store = RatingsStore.open("s.zarr")
+    assert store.url == str(tmp_path / "s.zarr")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert store.read_block("row", (0, M), (0, N)).nnz == store.nnz
+    relative = RatingsStore("s.zarr", store.attrs)  # a store handed over as a relative path
+    match = (rf"^s.zarr: this worker \(host {socket.gethostname()}, folder {elsewhere}\) "
+             r"cannot read the store's metadata \(s.zarr/zarr.json\): a store must be on "
+             "storage every worker reads at the same path")  # fmt: skip
+    with pytest.raises(StoreError, match=match):
+        relative.read_block("row", (0, M), (0, N))
 
 
 def test_a_loop_of_links_as_the_target_is_one_store_error(tmp_path):

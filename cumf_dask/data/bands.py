@@ -59,7 +59,8 @@ def to_host(x: Any) -> np.ndarray:
 def init_store(
     url: str, m: int, n: int, tile_rows: int, tile_cols: int, overwrite: bool = False
 ) -> None:
-    """Create an empty store marked incomplete, with its count arrays chunked by tile."""
+    """Create an empty store marked incomplete, with its count arrays chunked by tile, and
+    the id of this build, which every band and count array written into it records."""
     url = normalize_url(url)
     check_target(url, overwrite)
     if not is_url(url) and Path(url).exists():
@@ -78,6 +79,7 @@ def init_store(
             "tile_cols": int(tile_cols),
             "n_row_tiles": math.ceil(m / tile_rows),
             "n_col_tiles": math.ceil(n / tile_cols),
+            "build": uuid.uuid4().hex,  # which build: a replacement or foreign band is noticed
         }
     )
     for name, size, tile in (("row_nnz", m, tile_rows), ("col_nnz", n, tile_cols)):
@@ -150,8 +152,10 @@ def write_band(
         sub["minor"][:] = minor
         sub["val"][:] = val
     sub["ptr"][:] = ptr
-    # which band this is and each chunk's crc32c: a read finds a band or chunk out of place
-    sub.update_attributes(band_record(url, f"{_GROUPS[kind]}/{band}", kind, band, size))
+    # which band this is, of which build, and each chunk's crc32c: a read finds a band or
+    # chunk out of place, or from another store
+    sub.update_attributes(band_record(url, f"{_GROUPS[kind]}/{band}", kind, band, size,
+                                      attrs.get("build")))  # fmt: skip
     if counts is not None:
         group["row_nnz" if kind == "row" else "col_nnz"][base : base + rows_here] = counts
     finite = val.astype(np.float64)
@@ -223,7 +227,8 @@ def finish_store(
     if nnz == 0:
         raise IngestError(f"{url}: no training ratings; the input is empty")
     for name in ("row_nnz", "col_nnz"):  # written a chunk per band task: recorded here, once
-        group[name].update_attributes({"crc32c": chunk_crcs(f"{url}/{name}")})
+        group[name].update_attributes({"crc32c": chunk_crcs(f"{url}/{name}"),
+                                       "build": attrs.get("build")})  # fmt: skip
     col_total = sum(int(s["nnz"]) for s in col_summaries)
     if col_total != nnz:
         raise StoreError(f"{url}: by_col holds {col_total} ratings, by_row {nnz}: build failed")
@@ -256,7 +261,6 @@ def finish_store(
             "stats": stats,
             "source": source or {},
             "has_ids": row_ids is not None or col_ids is not None,
-            "build": uuid.uuid4().hex,  # which build this is: a reader notices a replacement
         }
     )
     group.attrs["complete"] = True

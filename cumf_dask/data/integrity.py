@@ -4,14 +4,17 @@ A chunk's crc32c proves its bytes whole, not that they belong where they lie: a 
 a whole band folder copied or swapped into another place (a bad restore or rsync, a copy
 from another store) passes it, and a fit would train on the wrong ratings. So a build
 records, in each band group's attrs, which band it is (kind train/test, axis row/col,
-band index, nnz) and the crc32c stored with each chunk of its arrays, and in the attrs of
-``row_nnz`` / ``col_nnz`` the crc32c of each of their chunks. A read checks the band's
-record against the band it asked for and ``band_nnz`` (one small JSON file per band,
-parsed once per version), and compares each chunk's recorded crc32c with the 4 bytes it
-reads anyway: no decoding and no pass over the ratings. Whatever the records, a band's
-tile pointer must end at its ``band_nnz`` and its arrays hold that many entries, and each
-band's slice of ``row_nnz`` / ``col_nnz`` must sum to its ``band_nnz`` (checked where
-counts are read). Stores built before the records read as before, with these last checks.
+band index, nnz), the build's id (the store's ``build`` attr, made by ``init_store``) and
+the crc32c stored with each chunk of its arrays, and in the attrs of ``row_nnz`` /
+``col_nnz`` the build's id and the crc32c of each of their chunks. A read checks the
+band's record against the band it asked for, ``band_nnz`` and the store's build (one small
+JSON file per band, parsed once per version: a band folder of another store of the same
+geometry passes every other check), and compares each chunk's recorded crc32c with the 4
+bytes it reads anyway: no decoding and no pass over the ratings. Whatever the records, a
+band's tile pointer must end at its ``band_nnz`` and its arrays hold that many entries,
+and each band's slice of ``row_nnz`` / ``col_nnz`` must sum to its ``band_nnz`` (checked
+where counts are read). Stores built before the records (or before the build id) read as
+before, with the checks their records allow.
 """
 
 from __future__ import annotations
@@ -47,14 +50,17 @@ def chunk_crcs(path: str) -> list[int | None] | None:
     return None if is_url(path) else Layout(path).chunk_crcs()
 
 
-def band_record(url: str, path: str, kind: str, band: int, nnz: int) -> dict[str, Any]:
+def band_record(
+    url: str, path: str, kind: str, band: int, nnz: int, build: str | None
+) -> dict[str, Any]:
     """The attrs of the band group `path` of store `url`, written after its arrays: which
-    band it is, and the crc32c of each chunk of each array (local stores)."""
+    band it is, of which build, and the crc32c of each chunk of each array (local stores)."""
     record: dict[str, Any] = {
         "kind": "test" if kind == "test" else "train",
         "axis": "col" if kind == "col" else "row",
         "band": int(band),
         "nnz": int(nnz),
+        "build": build,
     }
     if not is_url(url):
         record["crc32c"] = {name: chunk_crcs(os.path.join(url, path, name))
@@ -79,9 +85,10 @@ def group_attrs(store: RatingsStore, path: str) -> dict[str, Any]:
         full = os.path.join(store.url, path)
         return _local_attrs(full, os.stat(os.path.join(full, "zarr.json")).st_mtime_ns)
     except (OSError, KeyError):
-        raise store.damaged(f"'{path}/zarr.json' (the band's metadata) is missing") from None
+        problem = f"'{path}/zarr.json' (the band's metadata) is missing"
     except Exception as exc:
-        raise store.damaged(f"'{path}/zarr.json' cannot be read ({exc})") from None
+        problem = f"'{path}/zarr.json' cannot be read ({exc})"
+    raise store.damaged(problem)  # not in the handler: see RatingsStore.ensure_same_build
 
 
 def check_band(
@@ -89,8 +96,8 @@ def check_band(
 ) -> tuple[int | None, dict[str, Any]]:
     """Check that the band group at `path` records itself as `orient` band `band` of
     `split` holding `nnz` ratings (band_nnz's; None in a build, which has no band_nnz
-    yet); returns the band's size (`nnz`, else the recorded one) and its recorded crc32c
-    per array ({} for a store built before the records)."""
+    yet), written by the store's build; returns the band's size (`nnz`, else the recorded
+    one) and its recorded crc32c per array ({} for a store built before the records)."""
     attrs = group_attrs(store, path)
     if "band" not in attrs:
         return nnz, {}
@@ -103,7 +110,20 @@ def check_band(
             f"ratings), not {orient} band {band} ({split}, {want['nnz']} ratings): band "
             "folders moved, swapped or copied from another store"
         )
+    check_build(store, path, attrs)
     return want["nnz"], attrs.get("crc32c") or {}
+
+
+def check_build(store: RatingsStore, path: str, record: dict[str, Any]) -> None:
+    """The band or count array at `path` was written by the store's own build (`record`:
+    its attrs; one recorded before the build id is not compared)."""
+    build = record.get("build")
+    if build is not None and build != store.attrs.get("build"):
+        raise store.damaged(
+            f"'{path}' was written by another build (build {build}, the store's is "
+            f"{store.attrs.get('build')}): copied from another store, or left from an "
+            "earlier build of this one"
+        )
 
 
 def entry_requests(

@@ -138,11 +138,20 @@ class Layout:
             raise _damaged(path, "the array's metadata (zarr.json) is missing") from None
         except (OSError, ValueError) as exc:
             raise _damaged(path, f"the array's metadata cannot be read ({exc})") from None
+        self.path = path
+        try:
+            self._parse(meta)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise _damaged(path, f"the array's metadata is not a zarr v3 array's "
+                           f"({exc!r})") from None  # fmt: skip
+
+    def _parse(self, meta: Any) -> None:
+        """Size, dtype, files and codecs from the parsed zarr.json (a field missing or of
+        the wrong type raises one of the built-in errors Layout turns into damage)."""
         if meta.get("zarr_format") != 3 or len(meta.get("shape", ())) != 1:
             raise Unsupported("not a 1-D zarr v3 array")
         if meta["data_type"] not in _DTYPES or meta["chunk_key_encoding"]["name"] != "default":
             raise Unsupported("dtype or chunk key encoding")
-        self.path = path
         self.attributes: dict[str, Any] = meta.get("attributes") or {}
         self.size = int(meta["shape"][0])
         self.dtype = np.dtype(_DTYPES[meta["data_type"]])
@@ -163,6 +172,8 @@ class Layout:
         if first["name"] != "bytes" or (first.get("configuration") or {}).get("endian") != "little":
             raise Unsupported("array-to-bytes codec")
         self.codecs = [_codec(c) for c in codecs[1:]]
+        if self.size < 0 or self.outer < 1 or (self.inner or 1) < 1:
+            raise ValueError(f"shape {self.size}, chunks {self.outer} of {self.inner}")
 
     @property
     def chunk_size(self) -> int:

@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,12 @@ from .target import check_target, claim, discard, naming_target, publish, work_u
 
 SPILL_PREFIX = "cumf-spill-"
 OWNER = "owner.json"
+#: rows per spill band when the rows per tile are not given: the store's tile is a whole
+#: number of them (:meth:`StoreBuilder._store_tile_rows`), so small enough that a store of
+#: many ratings per row still gets bands of about default_tile's size
+SPILL_TILE = 4096
+#: a spilled rating (28 bytes)
+SPILL_RECORD = np.dtype([("row", "<i8"), ("col", "<i8"), ("val", "<f4"), ("seq", "<i8")])
 
 
 class StoreBuilder:
@@ -54,11 +61,13 @@ class StoreBuilder:
     ``add`` validates a chunk, splits off the test share, and appends it to per-band spill
     files; ``finalize`` resolves duplicates and writes the bands, one per thread. Row and column
     counts (m, n) may grow while adding (ids mapped on the fly); rows per tile are then given
-    or 65,536, and columns per tile are chosen from the final shape. Rows per tile that were
-    not given grow at ``finalize`` to what the final shape wants (:func:`default_tile`, whole
-    spill bands merged), so a declared m far above the ratings (1e9 rows, 2,000 ratings)
-    makes a few hundred bands, not tens of thousands of empty ones. Declared m and n are
-    checked to fit this machine (:func:`~.limits.check_fits`) before anything is written.
+    or SPILL_TILE, and columns per tile are chosen from the final shape. Rows per tile that
+    were not given grow at ``finalize`` to what the final shape wants (:func:`default_tile`,
+    whole spill bands merged), so a declared m far above the ratings (1e9 rows, 2,000
+    ratings) makes a few hundred bands, not tens of thousands of empty ones, and rows of
+    many ratings still get small bands (2,000 ratings a row: 4,096 rows, not 65,536, which
+    a block load would decode whole). Declared m and n are checked to fit this machine
+    (:func:`~.limits.check_fits`) before anything is written.
     """
 
     def __init__(
@@ -89,7 +98,8 @@ class StoreBuilder:
         check_dimension("n", n)
         self._tile_given = tile_rows is not None
         if tile_rows is None:
-            tile_rows = default_tile(m, n, expected_nnz) if m and n and expected_nnz else 65536
+            known = m and n and expected_nnz
+            tile_rows = default_tile(m, n, expected_nnz) if known else SPILL_TILE
         if m is not None or n is not None:  # row and test bands, column bands
             bands = 2 * -(-(m or 0) // tile_rows) + -(-(n or 0) // (tile_cols or MAX_TILE))
             check_fits(m, n, bands, "declare m and n no larger than the largest id + 1, or "
@@ -157,27 +167,25 @@ class StoreBuilder:
                     self._spill_chunk(kind, row[keep], col[keep], val[keep], seq[keep])
 
     def _spill_chunk(self, kind: str, row, col, val, seq) -> None:
+        """Append each spill band's share of a chunk to its file, as SPILL_RECORDs: one
+        file per band, so a chunk over many small spill bands opens few files."""
         band = row // self.tile_rows
         order = np.argsort(band, kind="stable")
-        band, row, col, val, seq = band[order], row[order], col[order], val[order], seq[order]
+        band = band[order]
+        records = np.empty(band.size, SPILL_RECORD)
+        for name, arr in (("row", row), ("col", col), ("val", val), ("seq", seq)):
+            records[name] = arr[order]
         cuts = np.flatnonzero(np.diff(band)) + 1
         for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, band.size], strict=True):
             b = int(band[lo])
-            for name, arr in (("row", row), ("col", col), ("val", val), ("seq", seq)):
-                with open(self._spill / f"{kind}-{b}.{name}", "ab") as fh:
-                    arr[lo:hi].tofile(fh)
+            with open(self._spill / f"{kind}-{b}", "ab") as fh:
+                records[lo:hi].tofile(fh)
             self._bands[(kind, b)] = self._bands.get((kind, b), 0) + int(hi - lo)
 
-    def _load(self, kind: str, band: int):
-        def read(name, dtype):
-            return np.fromfile(self._spill / f"{kind}-{band}.{name}", dtype=dtype)
-
-        return (
-            read("row", np.int64),
-            read("col", np.int64),
-            read("val", np.float32),
-            read("seq", np.int64),
-        )
+    def _load(self, kind: str, band: int) -> tuple[np.ndarray, ...]:
+        """A spill band's (row, col, val, seq), as views of its records."""
+        records = np.fromfile(self._spill / f"{kind}-{band}", SPILL_RECORD)
+        return tuple(records[name] for name in SPILL_RECORD.names)
 
     def finalize(
         self,
@@ -221,9 +229,9 @@ class StoreBuilder:
                 m = self.m if self.m is not None else self._max_row + 1
                 n = self.n if self.n is not None else self._max_col + 1
                 if row_ids is not None:
-                    m = len(row_ids)
+                    m = self._id_count("row", row_ids, self._max_row)
                 if col_ids is not None:
-                    n = len(col_ids)
+                    n = self._id_count("column", col_ids, self._max_col)
                 created = True  # from here on a failure removes what was written
                 tile_rows = self._store_tile_rows(m, n)
                 tile_cols = self.tile_cols or default_tile(n, m, self._records)
@@ -271,6 +279,16 @@ class StoreBuilder:
         finally:
             shutil.rmtree(self._spill, ignore_errors=True)
             self._lock.release()
+
+    @staticmethod
+    def _id_count(axis: str, ids: np.ndarray, largest: int) -> int:
+        """The rows (or columns) an id map names; fewer than the ratings use would drop or
+        misplace ratings."""
+        if len(ids) <= largest:
+            raise IngestError(f"the {axis} ids name {len(ids):,} {axis}s, but the ratings use "
+                              f"{axis} index {largest:,}: give one id per {axis} (at least "
+                              f"{largest + 1:,})")  # fmt: skip
+        return len(ids)
 
     def _store_tile_rows(self, m: int, n: int) -> int:
         """Rows per tile of the store: the spill bands' when given (or when the final shape
@@ -346,6 +364,8 @@ def clear_dead_spills(parent: str | None = None) -> None:
     """Remove the spill folders in `parent` whose owner died (a killed ingest's), saying so.
 
     Folders of live owners, of other hosts, or without an owner record are left alone.
+    Two ingests starting together may clear the same folder: what the other removed first
+    is skipped, never an error.
     """
     root = Path(parent or tempfile.gettempdir())
     removed, total = [], 0
@@ -353,7 +373,7 @@ def clear_dead_spills(parent: str | None = None) -> None:
         owner = read_owner(folder / OWNER)
         if owner is None or not owner_is_dead(owner):
             continue
-        total += sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        total += _bytes_under(folder)
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder.name)
     if removed:
@@ -363,6 +383,17 @@ def clear_dead_spills(parent: str | None = None) -> None:
             CumfWarning,
             stacklevel=3,
         )
+
+
+def _bytes_under(folder: Path) -> int:
+    """Bytes of the files under `folder`; what vanishes meanwhile counts nothing (another
+    ingest starting now may be clearing the same dead folder)."""
+    total = 0
+    for parent, _, files in os.walk(folder):  # a folder removed meanwhile lists nothing
+        for name in files:
+            with suppress(OSError):
+                total += os.stat(os.path.join(parent, name)).st_size
+    return total
 
 
 def build_store(

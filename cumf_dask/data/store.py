@@ -3,7 +3,8 @@
 Layout (format ``cumf-dask-ratings``, version 2)::
 
     store.zarr/                attrs: format, version, complete, m, n, nnz, nnz_test, tile_rows,
-                               tile_cols, n_row_tiles, n_col_tiles, stats, source, has_ids
+                               tile_cols, n_row_tiles, n_col_tiles, stats, source, has_ids,
+                               build (an id per build, recorded by each band and count array)
       row_nnz (m,)  col_nnz (n,)       int64 rating counts per row / column (training set)
       by_row/band_nnz (n_row_tiles,)   int64
       by_row/<a>/{major,minor,val,ptr} row band a: the tiles (a, 0..n_col_tiles-1) in order,
@@ -24,8 +25,9 @@ filtered to its exact row and column range (:mod:`.assemble`).
 Integrity (version 2): every chunk, shard index and small array carries a crc32c (text id
 maps too, since this version's builds); chunks are blosc-lz4 with byte shuffle (decodes ~4x
 faster than zstd at a similar size on rating data); fill values are impossible data (-1 for
-indices and counts, NaN for ratings). Each band group records which band it is and the
-crc32c of each of its chunks, so a chunk or band out of place is caught too
+indices and counts, NaN for ratings). Each band group records which band it is, the build
+that wrote it (the root's ``build``, made by ``init_store``) and the crc32c of each of its
+chunks, so a chunk or band out of place or from another store is caught too
 (:mod:`.integrity`). Local stores are read by :mod:`.shards`, which treats a missing or
 damaged chunk as an error; remote URLs are read through zarr and the values validated, which
 catches a fill value. A store is marked ``complete`` only by its last write: an interrupted
@@ -37,12 +39,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import warnings
 from collections.abc import Iterator
+from contextlib import suppress
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+import fsspec
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
@@ -55,6 +60,7 @@ from .integrity import (
     IDS_FIX,
     check_attrs,
     check_band,
+    check_build,
     check_count_sums,
     check_none_held_out,
     check_ptr,
@@ -72,6 +78,9 @@ PARALLEL_COUNTS = 2 * CHUNK  # longer runs of row_nnz / col_nnz are decoded on e
 Orientation = Literal["row", "col"]
 Split = Literal["train", "test"]
 _GROUPS = {"row": "by_row", "col": "by_col", "test": "test"}
+#: the stores whose root metadata this process has read: one it then cannot read was deleted
+#: or is being replaced; one it never could is not on storage this process reads
+_ROOTS_READ: set[str] = set()
 
 
 def codecs() -> dict[str, Any]:
@@ -162,8 +171,11 @@ class RatingsStore:
     # ------------------------------------------------------------------ opening
     @classmethod
     def open(cls, url: str | Any) -> RatingsStore:
-        """Open and validate a store; a missing, partial, damaged or foreign one is a StoreError."""
+        """Open and validate a store; a missing, partial, damaged or foreign one is a StoreError.
+        A local path is made absolute: workers running in other folders read the same store."""
         url = normalize_url(url)
+        if not is_url(url):
+            url = os.path.abspath(url)
         try:
             group = zarr.open_group(url, mode="r")
         except (FileNotFoundError, zarr.errors.GroupNotFoundError):
@@ -190,16 +202,26 @@ class RatingsStore:
                 "(ingest/generate with --overwrite)"
             )
         check_attrs(url, attrs)
+        _ROOTS_READ.add(url)
         store = cls(url, attrs)
         store._validate(group)
         store.__dict__["_group"] = group
         return store
 
     def _validate(self, group: zarr.Group) -> None:
+        def member(path: str) -> zarr.Array | None:
+            """The array at `path` (None: missing); metadata zarr cannot parse is damage."""
+            try:
+                return group.get(path)  # type: ignore[return-value]
+            except Exception as exc:
+                raise StoreError(f"{self.url}: damaged store: the metadata of '{path}' cannot "
+                                 f"be read ({exc}); rebuild it") from None  # fmt: skip
+
         def need(path: str, shape: tuple[int, ...]) -> None:
-            if path not in group:
+            array = member(path)
+            if array is None:
                 raise StoreError(f"{self.url}: damaged store: '{path}' is missing; rebuild it")
-            got = group[path].shape
+            got = array.shape
             if tuple(got) != shape:
                 raise StoreError(
                     f"{self.url}: damaged store: '{path}' has shape {got}, expected {shape}"
@@ -220,7 +242,7 @@ class RatingsStore:
                     f"{self.url}: damaged store: {name} holds {total} ratings, attrs say "
                     f"{nnz}; rebuild it"
                 )
-        if not self.has_test and "test/band_nnz" in group:  # every store has it, maybe empty
+        if not self.has_test and member("test/band_nnz") is not None:  # every store has one
             check_none_held_out(self, *self.read([("test/band_nnz", 0, None)]))
 
     def __getstate__(self) -> dict[str, Any]:
@@ -253,16 +275,19 @@ class RatingsStore:
         since it was opened when it was); a remote one through zarr, at once, into NumPy
         arrays (any failure is a StoreError; the callers validate the values: a missing
         chunk reads as an impossible fill value). An Expect's crc32c are compared on local
-        reads only.
+        reads only, so a remote store's build is checked after its reads: a rebuild
+        replaces the root's build id before it writes any ratings (one small GET).
         """
         if not is_url(self.url):
-            self._check_same_build()
+            self.ensure_same_build()
             local = [(os.path.join(self.url, r[0]), *r[1:]) for r in arrays]
             try:
                 return shards.start(local, threads, target, self.ensure_same_build)
             except shards.Unsupported:
                 pass
-        return shards.Reading.done([self._read_zarr(*r) for r in arrays])
+        read = [self._read_zarr(*r) for r in arrays]
+        self.ensure_same_build()
+        return shards.Reading.done(read)
 
     def _read_zarr(
         self, path: str, lo: int, hi: int | None, expect: shards.Expect | None = None
@@ -281,31 +306,45 @@ class RatingsStore:
         except StoreError:
             raise
         except KeyError:
-            raise self.damaged(f"'{path}' is missing") from None
+            problem = f"'{path}' is missing"
         except Exception as exc:
-            raise self.damaged(f"'{path}' cannot be read ({exc})") from None
+            problem = f"'{path}' cannot be read ({exc})"
+        raise self.damaged(problem)  # not in the handler: see ensure_same_build
 
     def damaged(self, what: str, fix: str = "rebuild it") -> StoreError:
-        """The error for damage a read found (`what`); but for a local store rebuilt since
-        it was opened, the replacement is the cause, and that error is raised instead."""
+        """The error for damage a read found (`what`); but for a store rebuilt since it was
+        opened, the replacement is the cause, and that error is raised instead."""
         self.ensure_same_build()
         return StoreError(f"{self.url}: damaged store: {what}; {fix}")
 
     def ensure_same_build(self) -> None:
-        """For a local store, raise the replaced-store error when it was rebuilt since it
-        was opened (nothing to check over a URL)."""
-        if not is_url(self.url):
-            self._check_same_build()
+        """A store replaced since it was opened (``--overwrite``) is an error: reading on
+        would mix two stores' ratings. Its root metadata is read afresh (a small file, or
+        one GET): a process that never could read it is told where the store must be.
 
-    def _check_same_build(self) -> None:
-        """A local store replaced since it was opened (``--overwrite``) is an error: reading
-        on would mix two stores' ratings."""
-        try:
-            meta = json.loads(Path(self.url, "zarr.json").read_text())
-        except (OSError, ValueError):
+        Raised outside any exception handler, as the reads' errors are: a worker's error
+        goes to the client pickled with its context, and zarr's errors do not unpickle (the
+        client would get a bare Exception)."""
+        build, readable = None, False
+        with suppress(Exception):
+            if is_url(self.url):
+                fs, path = fsspec.core.url_to_fs(self.url)
+                meta = fs.cat_file(f"{path}/zarr.json")
+            else:
+                meta = Path(self.url, "zarr.json").read_bytes()
+            build, readable = (json.loads(meta).get("attributes") or {}).get("build"), True
+        if not readable and self.url not in _ROOTS_READ:
+            raise StoreError(
+                f"{self.url}: this worker (host {socket.gethostname()}, folder {os.getcwd()}) "
+                f"cannot read the store's metadata ({self.url}/zarr.json): a store must be on "
+                "storage every worker reads at the same path (a shared or mounted folder, or "
+                "an object-store URL), and stay there while the fit runs"
+            )
+        if not readable:
             raise StoreError(f"{self.url}: the store's metadata is gone or unreadable since "
-                             "it was opened (deleted or being replaced?)") from None  # fmt: skip
-        if meta.get("attributes", {}).get("build") != self.attrs.get("build"):
+                             "it was opened (deleted or being replaced?)")  # fmt: skip
+        _ROOTS_READ.add(self.url)
+        if build != self.attrs.get("build"):
             raise StoreError(f"{self.url}: the store was replaced (rebuilt with --overwrite?) "
                              "since it was opened; open it again and start over")  # fmt: skip
 
@@ -370,18 +409,28 @@ class RatingsStore:
         start, stop = a0 * tile, max(min(a1 * tile, size), hi)  # beyond the end: an error
         name = "row_nnz" if orient == "row" else "col_nnz"
         threads = (os.cpu_count() or 1) if stop - start > PARALLEL_COUNTS else 1
-        expect = shards.Expect(crcs=self._recorded_crcs(name))
+        record = self._count_record(name)
+        check_build(self, name, record)
+        expect = shards.Expect(crcs=record.get("crc32c"))
         (counts,) = self.read([(name, start, stop, expect)], threads)
         if counts.size and counts.min() < 0:
             raise self.damaged(f"'{name}' has missing entries")
         check_count_sums(self, name, counts, tile, self.band_nnz(orient)[a0:a1])
         return counts if (start, stop) == (lo, hi) else counts[lo - start : hi - start].copy()
 
-    def _recorded_crcs(self, name: str) -> list[int | None] | None:
-        """The crc32c the build recorded for each chunk of a local array (in its attrs)."""
-        if is_url(self.url):
-            return None
-        return shards.layout(os.path.join(self.url, name)).attributes.get("crc32c")
+    def _count_record(self, name: str) -> dict[str, Any]:
+        """What the build recorded in a count array's attrs: its id, and (local stores) the
+        crc32c of each chunk. Missing metadata of a store replaced meanwhile says so."""
+        try:
+            if is_url(self.url):
+                return dict(self._group[name].attrs)
+            return shards.layout(os.path.join(self.url, name)).attributes
+        except StoreError:
+            self.ensure_same_build()
+            raise
+        except Exception as exc:
+            problem = f"the metadata of '{name}' cannot be read ({exc})"
+        raise self.damaged(problem)  # not in the handler: see ensure_same_build
 
     def band_nnz(self, orient: Orientation = "row", split: Split = "train") -> np.ndarray:
         """Ratings per band of an orientation (or of the held-out split), read once per
