@@ -6,9 +6,7 @@ the previous checkpoint valid. A saved model is replaced the same way: the old o
 aside only once the new one is complete. Each Zarr chunk is written once, numbers by a
 pool of threads (the writes and CRCs release the GIL): here for arrays in this process, and
 on the workers for a fit's factors (:class:`ChunkWrites`: each worker writes the chunks
-within its pieces, each thread copying one chunk at a time to host memory). Factors read
-from a checkpoint or model and saved again are hard-linked from it where the files still
-hold their bytes (:func:`stale_links`): the model shares them with its last checkpoint. Writers
+within its pieces, each thread copying one chunk at a time to host memory). Writers
 exclude each other (:class:`~cumf_dask.locks.WriterLock`: a model's ``<path>.lock``, a
 checkpoint folder's ``<folder>.lock``); what a killed writer left (``.tmp-*``, ``.old-*``)
 is dealt with by the next writer of the same target, with a warning: a complete copy is put
@@ -104,87 +102,19 @@ def store_rows(where: str, name: str, first: int, block: np.ndarray) -> int:
 
 def store_chunks(
     where: str, name: str, rows_of: Callable[[int, int], np.ndarray],
-    chunks: Sequence[tuple[int, int, int]], threads: int, link_from: Path | None = None,
+    chunks: Sequence[tuple[int, int, int]], threads: int,
 ) -> dict[int, int]:  # fmt: skip
     """Write the `chunks` (:func:`chunk_ranges`) of array `name`, `threads` at a time, each
     from ``rows_of(first, end)`` (rows on the host, made as the chunk is written: a factor
     is never whole in host memory); {chunk index: CRC-32}. The writes and CRCs release the
-    GIL: 16 threads wrote 8.5 GB/s where one wrote 1.2 (H100 machine, RESULTS.md).
-    `link_from`: a group of the same layout whose chunk files are hard-linked instead
-    where they hold the same bytes (:func:`stale_links`)."""
+    GIL: 16 threads wrote 8.5 GB/s where one wrote 1.2 (H100 machine, RESULTS.md)."""
     crcs: dict[int, int] = {}
-    linked: dict[int, str] = {}  # chunk index -> its file's key
 
     def job(index: int, first: int, end: int) -> None:
-        block = rows_of(first, end)
-        key = _chunk_key(name, index, block.ndim)
-        if link_from is not None and _linked(link_from / key, Path(where) / key):
-            linked[index] = key
-            crcs[index] = chunk_crc(block)
-        else:
-            crcs[index] = store_rows(where, name, first, block)
+        crcs[index] = store_rows(where, name, first, rows_of(first, end))
 
     threads_run([partial(job, *chunk) for chunk in chunks], threads, use="save")
-    if link_from is not None and linked:
-        stale = stale_links(link_from, Path(where), name, linked, crcs)
-        for index in stale:
-            (Path(where) / linked[index]).unlink()
-        again = [chunk for chunk in chunks if chunk[0] in stale]
-        crcs.update(store_chunks(where, name, rows_of, again, threads))
     return crcs
-
-
-def _linked(source: Path, target: Path) -> bool:
-    """Whether `target` is now a hard link to `source` (not where that is missing, as Zarr
-    leaves all-zero chunks out, or on another filesystem)."""
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.link(source, target)
-    except OSError:
-        return False
-    return True
-
-
-def stale_links(
-    source: Path, where: Path, name: str, linked: dict[int, str], crcs: dict[int, int]
-) -> set[int]:
-    """The chunks of array `name` linked from the group at `source` that may not hold the
-    bytes whose CRC-32s are `crcs`: the source's digest (read after the links were made)
-    differs, or its file is no longer the one linked (the group was written again
-    meanwhile). Factors read from a checkpoint or model and saved unchanged are so neither
-    written again nor stored twice; safe because factor files are never written in place
-    (every save is a new group renamed into place)."""
-    try:
-        attrs = json.loads((source / "zarr.json").read_text())["attributes"]
-        sums = attrs["digests"][name]
-        if attrs.get("digest") != DIGEST or not isinstance(sums, list):
-            return set(linked)
-    except (OSError, ValueError, KeyError, TypeError):
-        return set(linked)
-    stale = set()
-    for index, key in linked.items():
-        try:
-            same = (index < len(sums) and sums[index] == crcs[index]
-                    and os.path.samefile(source / key, where / key))  # fmt: skip
-        except OSError:
-            same = False
-        if not same:
-            stale.add(index)
-    return stale
-
-
-def _same_layout(source: Path, target: Path) -> bool:
-    """Whether two Zarr arrays' metadata (shape, chunks, dtype, codecs) agree, so their
-    chunk files are interchangeable."""
-    try:
-        ours, theirs = (json.loads((p / "zarr.json").read_text()) for p in (source, target))
-    except (OSError, ValueError):
-        return False
-    if not (isinstance(ours, dict) and isinstance(theirs, dict)):
-        return False
-    ours.pop("attributes", None)
-    theirs.pop("attributes", None)
-    return ours == theirs
 
 
 @runtime_checkable
@@ -214,7 +144,6 @@ def write_factors(
     replace_any: bool = False,
     what: str = "the model",
     after_error: str = "then save it again",
-    link_from: str | Path | None = None,
 ) -> None:
     """Write factor arrays and attrs to a new Zarr group at `path` (see the module doc).
 
@@ -223,9 +152,7 @@ def write_factors(
     runs the chunk writes of arrays held elsewhere (:class:`ChunkWrites`; default:
     ``dask.compute``). `lock`: take the
     target's writer lock (a checkpoint's folder lock is held by its Checkpointer instead).
-    `what` and `after_error` word a full disk's message. `link_from`: the model or
-    checkpoint the arrays were read from; its chunks that still hold their bytes are
-    hard-linked, not written (:func:`stale_links`).
+    `what` and `after_error` word a full disk's message.
     """
     path = Path(local_path(path))
     check_writable(path, what)
@@ -236,8 +163,7 @@ def write_factors(
         tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
         try:
             group = zarr.open_group(str(tmp), mode="w")
-            source = Path(local_path(link_from)) if link_from is not None else None
-            sums = _write_arrays(group, str(tmp), arrays, compute, source)
+            sums = _write_arrays(group, str(tmp), arrays, compute)
             group.update_attributes({**attrs, "digests": sums, "digest": DIGEST,
                                 "chunk_rows": ROW_CHUNK, "complete": True})  # fmt: skip
             _move_into_place(tmp, path)
@@ -323,7 +249,7 @@ def _remove(path: Path) -> str:
 
 def _write_arrays(
     group: Any, where: str, arrays: dict[str, np.ndarray | ChunkWrites | None],
-    compute: Compute | None, link_from: Path | None = None,
+    compute: Compute | None,
 ) -> dict:  # fmt: skip
     sums: dict[str, list[int]] = {}
     pending: list[tuple[str, int, list[Any]]] = []
@@ -346,10 +272,8 @@ def _write_arrays(
             target[...] = arr.astype(object)
             sums[name] = digests(arr, ROW_CHUNK)
         else:
-            linkable = link_from is not None and _same_layout(link_from / name,
-                                                              Path(where) / name)
             crcs = store_chunks(where, name, lambda a, b, arr=arr: arr[a:b], ranges,
-                                SAVE_THREADS, link_from if linkable else None)  # fmt: skip
+                                SAVE_THREADS)  # fmt: skip
             sums[name] = [crcs[k] for k in range(len(ranges))]
     collections = [c for _, _, writes in pending for c in writes]
     if collections:
@@ -596,7 +520,9 @@ def _raw_chunk_bytes(folder: Path, data: np.ndarray) -> int:
         chunk = meta["chunk_grid"]["configuration"]["chunk_shape"]
         plain = (
             meta["codecs"] == [{"name": "bytes", "configuration": {"endian": "little"}}]
-            and meta["chunk_key_encoding"]["configuration"]["separator"] == "/"
+            and meta["chunk_key_encoding"] == {"name": "default",
+                                               "configuration": {"separator": "/"}}
+            and meta["chunk_grid"]["name"] == "regular" and not meta.get("storage_transformers")
             and meta["fill_value"] == 0 and list(meta["shape"]) == list(data.shape)
             and list(chunk[1:]) == list(data.shape[1:])
             and data.dtype.byteorder in "=<|" and np.little_endian

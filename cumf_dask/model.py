@@ -40,7 +40,7 @@ from .engine.plan import Plan, check_gpu_factors
 from .engine.session import Session
 from .errors import ConfigError, CumfWarning, NotFittedError, StoreError
 from .ids import IdMap
-from .paths import is_url, local_path
+from .paths import is_url
 from .records import model_path
 
 
@@ -306,7 +306,6 @@ class ALS:
         self.item_ids_: np.ndarray | None = ids[1]
         self._maps: dict[str, IdMap] = {}
         self.user_factors_, self.item_factors_ = result.factors
-        self._read_from = result.read_from
         self._store = store
         self.store_ratings_ = ratings_digest(store)
         self._matched = {_identity(store)}  # the fit's own store: its ids are the model's
@@ -586,10 +585,7 @@ class ALS:
             "store": self.store_url_,
             "store_ratings": getattr(self, "store_ratings_", None),
         }
-        # factors read from a checkpoint or model: its chunk files that still hold the
-        # same bytes are linked, not written again (no time, no second copy on disk)
-        write_factors(path, arrays, attrs, after_error=after_error,
-                      link_from=getattr(self, "_read_from", None))  # fmt: skip
+        write_factors(path, arrays, attrs, after_error=after_error)
 
     @classmethod
     def _init_from(cls, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -612,8 +608,7 @@ class ALS:
         ``ALS.load`` reads any saved model (an implicit one as its :class:`ImplicitALS`);
         ``ImplicitALS.load`` only implicit ones.
         """
-        where = model_path(path)
-        attrs, arrays = read_factors(where, MODEL_FORMAT)
+        attrs, arrays = read_factors(model_path(path), MODEL_FORMAT)
         kind = attrs.get("kind", "explicit")
         if kind == "implicit" and not getattr(cls, "implicit", False):
             from .implicit.model import ImplicitALS
@@ -631,7 +626,6 @@ class ALS:
         model.store_url_ = attrs.get("store")
         model.store_ratings_ = attrs.get("store_ratings")
         model._maps = {}
-        model._read_from = Path(local_path(where))
         return model
 
 

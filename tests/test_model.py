@@ -127,58 +127,6 @@ def test_final_factors_come_from_the_last_checkpoint(store, client, tmp_path, mo
     np.testing.assert_array_equal(saved.item_factors_, plain.item_factors_)
 
 
-def _chunk_files(group: Path) -> dict[str, Path]:
-    return {str(f.relative_to(group)): f for f in sorted(group.glob("*_factors/c/*/*"))}
-
-
-def test_a_saved_model_links_the_chunks_it_was_read_from(store, client, tmp_path, monkeypatch):
-    """The final factors are read back from the last checkpoint, and a save links that
-    checkpoint's chunk files where they hold the same bytes: a chunk changed since, a
-    checkpoint written again since, or a link the filesystem refuses, is written instead."""
-    import cumf_dask.checkpoint as ck
-
-    monkeypatch.setattr(ck, "ROW_CHUNK", 16)  # 70 users: 5 chunks of user factors
-    folder = tmp_path / "ckpt"
-    model = ALS(4, 0.05, 3, backend="numpy", checkpoint_dir=str(folder)).fit(store, client=client)
-    checkpoint = _chunk_files(folder / "iter-00003")
-    model.save(tmp_path / "a.zarr")
-    saved = _chunk_files(tmp_path / "a.zarr")
-    assert saved.keys() == checkpoint.keys() and len(saved) == 8
-    assert all(saved[k].samefile(checkpoint[k]) for k in saved)
-
-    loaded = ALS.load(tmp_path / "a.zarr")
-    np.testing.assert_array_equal(loaded.user_factors_, model.user_factors_)
-    loaded.user_factors_[20] += 1.0  # chunk 1 changes; the others stay linked
-    loaded.save(tmp_path / "b.zarr")
-    again = _chunk_files(tmp_path / "b.zarr")
-    unlinked = [k for k in again if not again[k].samefile(saved[k])]
-    assert unlinked == ["user_factors/c/1/0"]
-    np.testing.assert_array_equal(ALS.load(tmp_path / "b.zarr").user_factors_,
-                                  loaded.user_factors_)  # fmt: skip
-
-    other = ALS(4, 0.05, 3, seed=7, backend="numpy", checkpoint_dir=str(folder))
-    with pytest.warns(CumfWarning, match="checkpoints of an earlier fit"):
-        other.fit(store, client=client)  # iter-00003 written again, with other numbers
-    model.save(tmp_path / "c.zarr")
-    rewritten = _chunk_files(folder / "iter-00003")
-    assert not any(f.samefile(rewritten[k]) for k, f in _chunk_files(tmp_path / "c.zarr").items())
-    np.testing.assert_array_equal(ALS.load(tmp_path / "c.zarr").item_factors_,
-                                  model.item_factors_)  # fmt: skip
-
-    real_link = ck.os.link
-
-    def refused(source, target, **kwargs):  # chunk files only: the writer lock links too
-        if "_factors" in str(target):
-            raise OSError(18, "Invalid cross-device link")
-        real_link(source, target, **kwargs)
-
-    monkeypatch.setattr(ck.os, "link", refused)
-    other.save(tmp_path / "d.zarr")
-    assert all(f.stat().st_nlink == 1 for f in _chunk_files(tmp_path / "d.zarr").values())
-    np.testing.assert_array_equal(ALS.load(tmp_path / "d.zarr").user_factors_,
-                                  other.user_factors_)  # fmt: skip
-
-
 def test_factor_chunks_are_read_from_their_files_as_zarr_reads_them(tmp_path, monkeypatch):
     """Chunks of plain bytes are read from their files: the same arrays as zarr gives,
     an all-zero chunk that Zarr left out included (and its CRC checked)."""

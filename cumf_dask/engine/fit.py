@@ -37,7 +37,6 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import dask
@@ -216,7 +215,6 @@ class FitResult:
     iterations_done: int
     session: Session
     factors: tuple[np.ndarray, np.ndarray]  # (X, Theta) on the host
-    read_from: Path | None = None  # the checkpoint they were read back from, if one
 
 
 @dataclass
@@ -460,8 +458,7 @@ class _Run:
                         self.saves.wait()
                     X = state.X if state.done else self._first_x(state)  # 0 iterations
                     session = Session(engine, X, state.theta)
-                    saved = self._saved_factors(state.done)
-                    factors, read_from = saved or (session.gather(), None)
+                    factors = self._saved_factors(state.done) or session.gather()
                     break
                 except WorkerLost as lost:
                     if lost.memory:
@@ -480,16 +477,15 @@ class _Run:
                 self.saves.close()
         engine.release()
         done = state.done
-        return FitResult(engine.plan, state.metrics, done, session, (factors[0], factors[1]),
-                         read_from)  # fmt: skip
+        return FitResult(engine.plan, state.metrics, done, session, (factors[0], factors[1]))
 
-    def _saved_factors(self, done: int) -> tuple[tuple[np.ndarray, np.ndarray], Path] | None:
-        """((X, Theta), the checkpoint's folder) read back from the checkpoint of iteration
-        `done`, if that is the last one written: from the page cache, faster than a local
-        cluster's workers send them (2-2.5 GB/s) and than a joined cluster's scheduler
-        passes them on (0.9 GB/s: a 6.3 GB factor took 7 s; H100 machine, RESULTS.md); a
-        saved model then links its chunk files. None without it, or if it cannot be read
-        (the factors are gathered instead)."""
+    def _saved_factors(self, done: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The final factors read back from the checkpoint of iteration `done`, if that is
+        the last one written: from the page cache, straight from the chunk files on 16
+        threads (6.3 GB in 0.5 s), faster than a local cluster's workers send them (2-2.5
+        GB/s) and than a joined cluster's scheduler passes them on (0.9 GB/s; H100 machine,
+        RESULTS.md). None without it, or if it cannot be read (the factors are gathered
+        instead)."""
         checkpointer = self.checkpointer
         if checkpointer is None or self.saves is None or not done or self.saves.complete != done:
             return None
@@ -500,8 +496,7 @@ class _Run:
                           "factors are gathered from the workers instead", CumfWarning,
                           stacklevel=2)  # fmt: skip
             return None
-        folder = checkpointer.directory / checkpointer.name(done)
-        return (arrays["user_factors"], arrays["item_factors"]), folder
+        return arrays["user_factors"], arrays["item_factors"]
 
     def _first_x(self, state: _State) -> Factor:
         """X from the initial Theta, as an iteration's update X makes it (a user without
