@@ -447,6 +447,8 @@ def _forget_records(url: str) -> None:
             keys: tuple[str, ...] = ("kind", "axis", "band", "nnz", "crc32c", "build")
         elif "crc32c" in attrs:
             keys = ("crc32c", "build")
+        elif "records_build" in attrs:  # the root
+            keys = ("records_build",)
         else:
             continue
         for key in keys:
@@ -772,14 +774,16 @@ def _open(url: str, records: bool) -> RatingsStore:
 def test_stores_built_before_the_records_read_and_verify_as_before(tmp_path, spread):
     url = str(tmp_path / "s.zarr")
     store = _split_store(url, spread)
+    sides = (("row", "train"), ("col", "train"), ("row", "test"))
+    wanted = {side: (store.read_coo(side[0], split=side[1]), store.counts(side[0]))
+              for side in sides}  # fmt: skip
     old = _open(url, records=False)
     assert "band" not in json.loads((Path(url) / "by_row/0/zarr.json").read_text())["attributes"]
     verify_store(old)
-    for orient, split in (("row", "train"), ("col", "train"), ("row", "test")):
-        for got, want in zip(old.read_coo(orient, split=split), store.read_coo(orient, split=split),
-                             strict=True):  # fmt: skip
+    for (orient, split), (coo, counts) in wanted.items():
+        for got, want in zip(old.read_coo(orient, split=split), coo, strict=True):
             np.testing.assert_array_equal(got, want)
-        np.testing.assert_array_equal(old.counts(orient), store.counts(orient))
+        np.testing.assert_array_equal(old.counts(orient), counts)
 
 
 @RECORDS
@@ -864,6 +868,12 @@ def test_a_band_folder_of_another_store_is_an_error_a_fit_finds(tmp_path, spread
                 RatingsStore.open(url).counts("row")
             else:
                 ALS(3, 0.1, 2, backend="numpy").fit(url, client=client2)
+    _forget_records(other)  # as builds before the build id (or before any record) wrote it
+    _split_store(url, spread, overwrite=True)
+    shutil.rmtree(Path(url) / "by_col/0")
+    shutil.copytree(Path(other) / "by_col/0", Path(url) / "by_col/0")
+    with pytest.raises(StoreError, match=r"'by_col/0' was written by another build \(build None"):
+        ALS(3, 0.1, 2, backend="numpy").fit(url, client=client2)
 
 
 @RECORDS
@@ -1026,9 +1036,12 @@ def test_a_store_path_is_absolute_and_a_worker_that_cannot_read_it_is_told(
     tmp_path, spread, monkeypatch
 ):
     """A relative store path is made absolute on open (workers run in other folders); a
-    process that never could read the store's metadata is named, with where it runs, and
-    told the store must be on storage every worker reads."""
+    worker that never could read the store's metadata is named, with where it runs, and
+    told the store must be on storage every worker reads. Elsewhere (a pickled model's
+    store read in a new process) the store is gone."""
     import socket
+
+    from cumf_dask.data import store as store_module
 
     monkeypatch.chdir(tmp_path)
     _split_store("s.zarr", spread)
@@ -1039,6 +1052,9 @@ def test_a_store_path_is_absolute_and_a_worker_that_cannot_read_it_is_told(
     monkeypatch.chdir(elsewhere)
     assert store.read_block("row", (0, M), (0, N)).nnz == store.nnz
     relative = RatingsStore("s.zarr", store.attrs)  # a store handed over as a relative path
+    with pytest.raises(StoreError, match=r"^s.zarr: the store's metadata is gone or unread"):
+        relative.read_block("row", (0, M), (0, N))
+    monkeypatch.setattr(store_module, "_in_worker", lambda: True)
     match = (rf"^s.zarr: this worker \(host {socket.gethostname()}, folder {elsewhere}\) "
              r"cannot read the store's metadata \(s.zarr/zarr.json\): a store must be on "
              "storage every worker reads at the same path")  # fmt: skip

@@ -80,6 +80,7 @@ def init_store(
             "n_row_tiles": math.ceil(m / tile_rows),
             "n_col_tiles": math.ceil(n / tile_cols),
             "build": uuid.uuid4().hex,  # which build: a replacement or foreign band is noticed
+            "records_build": True,  # every band and count array records it: one without is foreign
         }
     )
     for name, size, tile in (("row_nnz", m, tile_rows), ("col_nnz", n, tile_cols)):

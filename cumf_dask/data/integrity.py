@@ -99,7 +99,8 @@ def check_band(
     yet), written by the store's build; returns the band's size (`nnz`, else the recorded
     one) and its recorded crc32c per array ({} for a store built before the records)."""
     attrs = group_attrs(store, path)
-    if "band" not in attrs:
+    if "band" not in attrs:  # built before the records (or, where builds record, foreign)
+        check_build(store, path, attrs)
         return nnz, {}
     want = {"kind": split, "axis": orient, "band": band,
             "nnz": attrs.get("nnz") if nnz is None else nnz}  # fmt: skip
@@ -116,9 +117,12 @@ def check_band(
 
 def check_build(store: RatingsStore, path: str, record: dict[str, Any]) -> None:
     """The band or count array at `path` was written by the store's own build (`record`:
-    its attrs; one recorded before the build id is not compared)."""
+    its attrs). In a store whose builds record it (``records_build``), one without the id
+    was written by an older build; older stores' records are compared only where they
+    hold one."""
     build = record.get("build")
-    if build is not None and build != store.attrs.get("build"):
+    recorded = build is not None or store.attrs.get("records_build")
+    if recorded and build != store.attrs.get("build"):
         raise store.damaged(
             f"'{path}' was written by another build (build {build}, the store's is "
             f"{store.attrs.get('build')}): copied from another store, or left from an "

@@ -97,11 +97,15 @@ class StoreBuilder:
         check_dimension("m", m)
         check_dimension("n", n)
         self._tile_given = tile_rows is not None
+        known = bool(m and n and expected_nnz)
         if tile_rows is None:
-            known = m and n and expected_nnz
             tile_rows = default_tile(m, n, expected_nnz) if known else SPILL_TILE
         if m is not None or n is not None:  # row and test bands, column bands
-            bands = 2 * -(-(m or 0) // tile_rows) + -(-(n or 0) // (tile_cols or MAX_TILE))
+            # the store's bands, not the spill's: without a tile or a rating count, spill
+            # bands are merged at finalize, so count the fewest (the m and n counts, 8 bytes
+            # a row, outweigh a band's bookkeeping per row at any tile of SPILL_TILE or more)
+            store_rows = tile_rows if self._tile_given or known else MAX_TILE
+            bands = 2 * -(-(m or 0) // store_rows) + -(-(n or 0) // (tile_cols or MAX_TILE))
             check_fits(m, n, bands, "declare m and n no larger than the largest id + 1, or "
                        "leave them out to map the ids")  # fmt: skip
         self._lock = claim(url)
@@ -168,7 +172,7 @@ class StoreBuilder:
 
     def _spill_chunk(self, kind: str, row, col, val, seq) -> None:
         """Append each spill band's share of a chunk to its file, as SPILL_RECORDs: one
-        file per band, so a chunk over many small spill bands opens few files."""
+        file per band (not one per column), a quarter of the files a chunk opens."""
         band = row // self.tile_rows
         order = np.argsort(band, kind="stable")
         band = band[order]

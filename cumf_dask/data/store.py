@@ -83,6 +83,18 @@ _GROUPS = {"row": "by_row", "col": "by_col", "test": "test"}
 _ROOTS_READ: set[str] = set()
 
 
+def _in_worker() -> bool:
+    """Whether this thread runs a Dask worker's task (a worker on another host or in
+    another folder may not see a store the client does)."""
+    from distributed import get_worker
+
+    try:
+        get_worker()
+    except ValueError:
+        return False
+    return True
+
+
 def codecs() -> dict[str, Any]:
     """How every array of a store is encoded: blosc-lz4 with shuffle, then a crc32c."""
     return {"compressors": [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"), Crc32cCodec()]}
@@ -333,7 +345,7 @@ class RatingsStore:
             else:
                 meta = Path(self.url, "zarr.json").read_bytes()
             build, readable = (json.loads(meta).get("attributes") or {}).get("build"), True
-        if not readable and self.url not in _ROOTS_READ:
+        if not readable and self.url not in _ROOTS_READ and _in_worker():
             raise StoreError(
                 f"{self.url}: this worker (host {socket.gethostname()}, folder {os.getcwd()}) "
                 f"cannot read the store's metadata ({self.url}/zarr.json): a store must be on "
