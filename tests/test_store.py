@@ -13,6 +13,7 @@ import zarr
 from conftest import random_ratings
 
 from cumf_dask.blocks import Bands, block_on_host, take_rows
+from cumf_dask.data import limits
 from cumf_dask.data.assemble import read_bands
 from cumf_dask.data.bands import init_store
 from cumf_dask.data.duplicates import resolve_duplicates
@@ -331,7 +332,7 @@ def test_a_store_path_that_is_a_link_is_rebuilt_where_it_points(tmp_path, rating
     assert [p.name for p in real.parent.iterdir()] == ["s.zarr"]
 
 
-def test_declared_shape_is_checked_before_anything_is_written(tmp_path):
+def test_declared_shape_is_checked_before_anything_is_written(tmp_path, monkeypatch):
     url = str(tmp_path / "b.zarr")
     with pytest.raises(ConfigError, match=r"^n must be >= 1"):
         StoreBuilder(url, m=M, n=0)
@@ -340,6 +341,10 @@ def test_declared_shape_is_checked_before_anything_is_written(tmp_path):
     assert not list(tmp_path.iterdir())  # no store, no lock
     builder = StoreBuilder(url, m=np.int64(M), n=np.int64(N))  # NumPy sizes are fine
     builder.abort()
+    # the store's bands are counted, not the 4,096-row spill bands merged at finalize: the
+    # counts of m = 10^9 rows (8 GB) fit 8.1 GB, which 2 x 244,141 spill bands would not
+    monkeypatch.setattr(limits, "available_memory", lambda: int(8.1e9))
+    StoreBuilder(url, m=10**9, n=N).abort()
 
 
 @pytest.mark.parametrize(
