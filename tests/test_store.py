@@ -622,9 +622,8 @@ def test_a_fit_on_a_damaged_store_fails_with_the_store_error(tmp_path, ratings, 
         ALS(3, 0.1, 2, backend="numpy").fit(store, client=client2)
 
 
-def test_remote_store_with_a_missing_chunk_is_caught_by_its_fill_value(ratings):
-    """Through zarr (a URL) a missing chunk reads as the fill value: NaN ratings, -1 indices
-    and counts, which validation refuses."""
+def test_a_remote_stores_missing_chunk_is_an_error_never_its_fill_value(ratings):
+    """Over a URL too, a missing chunk is an error naming it (zarr would read NaN ratings)."""
     import fsspec
 
     rows, cols, vals = ratings
@@ -632,7 +631,31 @@ def test_remote_store_with_a_missing_chunk_is_caught_by_its_fill_value(ratings):
     build_store(url, rows, cols, vals, shape=(M, N), tile_rows=64, tile_cols=32, overwrite=True)
     fsspec.filesystem("memory").rm("/damaged.zarr/by_row/0/val/c/0")
     store = RatingsStore.open(url)
-    with pytest.raises(StoreError, match="not finite"):
+    with pytest.raises(StoreError, match=r"^memory://damaged.zarr/by_row/0/val: damaged store: "
+                       r"memory://damaged.zarr/by_row/0/val/c/0 is missing; rebuild"):  # fmt: skip
+        store.read_block("row", (0, M), (0, N))
+
+
+def test_a_remote_read_that_fails_is_one_store_error(ratings, monkeypatch):
+    """A chunk read over a URL failing for another reason than a missing file (a lost
+    connection) is one StoreError naming the chunk, not the filesystem's traceback."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    rows, cols, vals = ratings
+    url = "memory://flaky.zarr"
+    build_store(url, rows, cols, vals, shape=(M, N), tile_rows=64, tile_cols=32, overwrite=True)
+    store = RatingsStore.open(url)
+    cat_file = MemoryFileSystem.cat_file
+
+    def flaky(self, path, *args, **kwargs):
+        if "/val/c/" in path:
+            raise ConnectionResetError("connection reset by peer")
+        return cat_file(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryFileSystem, "cat_file", flaky)
+    with pytest.raises(StoreError, match=r"^memory://flaky.zarr/by_row/0/val/c/0: cannot be "
+                       r"read \(ConnectionResetError: connection reset by peer\); check the "
+                       "connection"):  # fmt: skip
         store.read_block("row", (0, M), (0, N))
 
 
@@ -899,14 +922,24 @@ def test_count_chunks_swapped_between_bands_are_an_error(tmp_path, spread, recor
         store.counts("row", (70, 80))
 
 
-def test_same_size_chunks_swapped_between_bands_are_an_error(tmp_path):
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_same_size_chunks_swapped_between_bands_are_an_error(tmp_path, where):
     """Two bands of the same size and shape: swapping their chunks leaves every size and
-    pointer right; only the crc32c recorded for each place catches it."""
+    pointer right; only the crc32c recorded for each place catches it, over a URL too."""
+    import fsspec
+
     r, c = np.meshgrid(np.arange(8), np.arange(6), indexing="ij")
-    url = str(tmp_path / "s.zarr")
+    url = str(tmp_path / "s.zarr") if where == "local" else f"memory://{tmp_path.name}/s.zarr"
     build_store(url, r.ravel(), c.ravel(), np.arange(1, 49, dtype=np.float32), shape=(8, 6),
                 tile_rows=4, tile_cols=3)  # fmt: skip
-    _swap(_shard(url, "by_row/0/val"), _shard(url, "by_row/1/val"))
+    if where == "local":
+        _swap(_shard(url, "by_row/0/val"), _shard(url, "by_row/1/val"))
+    else:
+        fs, root = fsspec.core.url_to_fs(url)
+        a, b = (f"{root}/by_row/{band}/val/c/0" for band in (0, 1))
+        data = fs.cat(a)
+        fs.pipe(a, fs.cat(b))
+        fs.pipe(b, data)
     with pytest.raises(StoreError, match=f"by_row/0/val: damaged store: chunk 0 of shard 0 "
                        f"{NOT_THERE}"):  # fmt: skip
         RatingsStore.open(url).read_block("row", (0, 8), (0, 6))
@@ -938,8 +971,8 @@ def test_text_id_maps_carry_a_checksum_and_ids_are_unique(tmp_path):
 
 
 def test_a_remote_store_that_cannot_be_decoded_is_one_store_error(ratings):
-    """Over a URL (read through zarr), a garbled band chunk or text id chunk is one
-    StoreError naming the array, not zarr's or a codec's own exception."""
+    """Over a URL, a garbled band chunk (read by the shard reader) or text id chunk (read
+    through zarr) is one StoreError naming the array, not zarr's or a codec's own exception."""
     import fsspec
 
     rows, cols, vals = ratings
@@ -952,9 +985,10 @@ def test_a_remote_store_that_cannot_be_decoded_is_one_store_error(ratings):
         data[40] ^= 0xFF
         fs.pipe(path, bytes(data))
     store = RatingsStore.open(url)
-    with pytest.raises(StoreError, match=r"damaged store: 'by_row/0/val' cannot be read"):
+    garbled = r"by_row/0/val: damaged store: chunk 0 of shard 0 fails its checksum"
+    with pytest.raises(StoreError, match=garbled):
         store.read_block("row", (0, M), (0, N))
-    with pytest.raises(StoreError, match=r"damaged store: 'by_row/0/val' cannot be read"):
+    with pytest.raises(StoreError, match=garbled):
         verify_store(store)
     with pytest.raises(StoreError, match=r"damaged store: 'ids/cols' cannot be read"):
         store.ids("cols")

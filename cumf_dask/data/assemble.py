@@ -46,7 +46,7 @@ def read_bands(
     group = band_group(orient, split)
     bands = list(range(r0 // t_major, min(-(-r1 // t_major), math.ceil(n_major / t_major))))
     t0, t1 = c0 // t_minor, max(c0 // t_minor, -(-c1 // t_minor))
-    checked = [store.checked_band(orient, split, b) for b in bands]
+    checked = store.checked_bands(orient, split, bands, threads)
     ptrs = store.read([ptr_request(path, crcs) for path, _, crcs in checked], threads)
     n_tiles = math.ceil(n_minor / t_minor)
     requests, sizes = [], []

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import StoreError
 from ..paths import is_url
+from ..threads import run
 from .shards import Expect, Layout
 
 if TYPE_CHECKING:
@@ -44,28 +45,33 @@ _SIZES = ("m", "n", "nnz", "tile_rows", "tile_cols", "n_row_tiles", "n_col_tiles
 
 
 def chunk_crcs(path: str) -> list[int | None] | None:
-    """The crc32c stored with each chunk of a local array just written (None over a URL:
-    reads through zarr do not compare them). Its zarr.json is parsed afresh: one written
-    twice within the clock's tick keeps its mtime, and a cached layout would be stale."""
-    return None if is_url(path) else Layout(path).chunk_crcs()
+    """The crc32c stored with each chunk of an array just written (read back: 4 bytes a
+    chunk, and a shard's index). Its zarr.json is parsed afresh: one written twice within
+    the clock's tick keeps its mtime, and a cached layout would be stale."""
+    return Layout(path).chunk_crcs()
 
 
 def band_record(
     url: str, path: str, kind: str, band: int, nnz: int, build: str | None
 ) -> dict[str, Any]:
     """The attrs of the band group `path` of store `url`, written after its arrays: which
-    band it is, of which build, and the crc32c of each chunk of each array (local stores)."""
-    record: dict[str, Any] = {
+    band it is, of which build, and the crc32c of each chunk of each array (a remote
+    store's arrays read back at once)."""
+    crcs: dict[str, list[int | None] | None] = {}
+
+    def record(name: str) -> None:
+        crcs[name] = chunk_crcs(os.path.join(url, path, name))
+
+    jobs = [partial(record, name) for name in BAND_ARRAYS]
+    run(jobs, len(jobs) if is_url(url) else 1, use="band-records")
+    return {
         "kind": "test" if kind == "test" else "train",
         "axis": "col" if kind == "col" else "row",
         "band": int(band),
         "nnz": int(nnz),
         "build": build,
+        "crc32c": {name: crcs[name] for name in BAND_ARRAYS},
     }
-    if not is_url(url):
-        record["crc32c"] = {name: chunk_crcs(os.path.join(url, path, name))
-                            for name in BAND_ARRAYS}  # fmt: skip
-    return record
 
 
 # ----------------------------------------------------------------------------- reading

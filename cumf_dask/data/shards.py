@@ -1,4 +1,4 @@
-"""Reading 1-D Zarr v3 arrays of a local store straight from their files, fast and strictly.
+"""Reading 1-D Zarr v3 arrays of a store straight from their files, fast and strictly.
 
 Why not through zarr-python: it decodes chunk by chunk through its async machinery (measured
 here at 30-60M ratings/s per core on band arrays, and no faster with more threads), and it
@@ -14,7 +14,10 @@ anyway; see :mod:`.integrity`).
 
 It reads what cumf-dask writes (sharded or single-chunk 1-D arrays; little-endian ``bytes``
 then any of blosc / zstd / crc32c); :func:`supported` says whether a layout is one of those,
-and the store reads anything else (and remote URLs) through zarr, then validates the values.
+and the store reads anything else through zarr, then validates the values. Files are local
+(``os.pread``) or behind an fsspec URL (``s3://...``: a ranged read per chunk, one more for
+a shard's size and one for its index, and the array's ``zarr.json`` read afresh per
+request), with the same checks either way.
 
 Decoded entries go to a :class:`Target`: NumPy arrays by default (:data:`HOST`, chunks
 decoded in place), or another memory (the CuPy backend's target has each thread decode into
@@ -31,20 +34,27 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, Protocol
 
+import fsspec
 import google_crc32c
 import numpy as np
 from numcodecs import Blosc, Zstd
 
 from ..errors import StoreError
+from ..paths import is_url
 from ..threads import Job
+from ..threads import run as run_all
 from ..threads import start as submit
 
 _MISSING = np.uint64(2**64 - 1)  # a shard index entry of a chunk that was never written
 _DTYPES = {"int32": "<i4", "int64": "<i8", "float32": "<f4", "float64": "<f8"}
 _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+#: the chunks' crc32c a build reads back from a remote array at once (one request each)
+REMOTE_REQUESTS = 16
 
 
 class Unsupported(Exception):
@@ -128,17 +138,20 @@ def _codec(spec: dict[str, Any]) -> Any:
 
 
 class Layout:
-    """The parsed ``zarr.json`` of a 1-D array: its size, dtype, files and codecs."""
+    """The parsed ``zarr.json`` of a 1-D array: its size, dtype, files and codecs. A remote
+    array's layout is made per reading and keeps the sizes and shard indexes it fetched
+    (:meth:`prefetch`); a local one reads them afresh each time."""
 
     def __init__(self, path: str):
         try:
-            with open(os.path.join(path, "zarr.json")) as fh:
-                meta = json.load(fh)
+            meta = json.loads(_whole(os.path.join(path, "zarr.json")))
         except FileNotFoundError:
             raise _damaged(path, "the array's metadata (zarr.json) is missing") from None
         except (OSError, ValueError) as exc:
             raise _damaged(path, f"the array's metadata cannot be read ({exc})") from None
         self.path = path
+        self._remote = is_url(path)
+        self._files: dict[int, tuple[int, np.ndarray | None, int]] = {}
         try:
             self._parse(meta)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
@@ -187,45 +200,74 @@ class Layout:
         when the last codec is not crc32c."""
         if not self.codecs or self.codecs[-1] != "crc32c":
             return None
-        crcs: list[int | None] = []
+        places: list[tuple[str, int] | None] = []  # where each chunk's crc32c lies
         for k, start in enumerate(range(0, self.size, self.outer)):
             path = self._file(k)
-            size = _file_size(path)
-            if self.inner is None:
-                crcs.append(_crc_at(path, size - 4))
+            size, index, _ = self._stored(k)
+            if index is None:
+                places.append((path, size - 4))
                 continue
-            index, _ = self._shard_index(path, size, k)
             for offset, length in index[: -(-min(self.outer, self.size - start) // self.inner)]:
-                crcs.append(None if offset == _MISSING else _crc_at(path, offset + length - 4))
+                places.append(None if offset == _MISSING else (path, offset + length - 4))
+        crcs: list[int | None] = [None] * len(places)
+
+        def fetch(k: int, path: str, offset: int) -> None:
+            crcs[k] = _crc_at(path, offset)
+
+        jobs = [partial(fetch, k, *place) for k, place in enumerate(places) if place]
+        run_all(jobs, REMOTE_REQUESTS if self._remote else 1, use="metadata")
         return crcs
 
     def _file(self, k: int) -> str:
         return os.path.join(self.path, *f"c{self.sep}{k}".split("/"))
+
+    def _over(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
+        """(k, start, stop) of each file holding entries of [lo, hi)."""
+        for k, start in enumerate(range(0, self.size, self.outer)):
+            stop = min(start + self.outer, self.size)
+            if max(lo, start) < min(hi, stop):
+                yield k, start, stop
+
+    def _stored(self, k: int) -> tuple[int, np.ndarray | None, int]:
+        """File k's size, its shard index (None unsharded) and where that index starts
+        (else its size); a remote file's are kept, a local one's read each time."""
+        if k in self._files:
+            return self._files[k]
+        size = _file_size(self._file(k))
+        index, end = self._shard_index(size, k) if self.inner is not None else (None, size)
+        stored = (size, index, end)
+        if self._remote:
+            self._files[k] = stored
+        return stored
+
+    def prefetch(self, lo: int, hi: int) -> None:
+        """Fetch a remote array's sizes and shard indexes for entries [lo, hi) now (the
+        requests of a reading are prepared together, not one round trip after another)."""
+        if self._remote:
+            for k, _, _ in self._over(lo, hi):
+                self._stored(k)
 
     def jobs(
         self, out: Any, lo: int, hi: int, target: Target = HOST,
         crcs: Sequence[int | None] | None = None,
     ) -> list[Job]:
         """Work that fills `out` (made by `target`) with entries [lo, hi); the shard indexes
-        are read here, the chunks read and decoded by the jobs (each checked against its
-        recorded crc32c in `crcs`, when given)."""
+        are read here (or were prefetched), the chunks read and decoded by the jobs (each
+        checked against its recorded crc32c in `crcs`, when given)."""
         jobs: list[Job] = []
-        for k, start in enumerate(range(0, self.size, self.outer)):
-            stop = min(start + self.outer, self.size)
-            if max(lo, start) >= min(hi, stop):
-                continue
-            path = self._file(k)
-            size = _file_size(path)
-            if self.inner is None:
-                chunk = (path, 0, size, f"chunk {k}")
+        for k, start, stop in self._over(lo, hi):
+            size, index, end = self._stored(k)
+            if index is None:
+                chunk = (self._file(k), 0, size, f"chunk {k}")
                 jobs.append(self._job(chunk, start, stop, out, lo, hi, target, crcs))
             else:
-                jobs += self._shard_jobs(path, size, k, start, stop, out, lo, hi, target, crcs)
+                jobs += self._shard_jobs(index, end, k, start, stop, out, lo, hi, target, crcs)
         return jobs
 
-    def _shard_index(self, path: str, size: int, k: int) -> tuple[np.ndarray, int]:
+    def _shard_index(self, size: int, k: int) -> tuple[np.ndarray, int]:
         """Shard k's index, checked: (offset, length) of each inner chunk; and where the
         index starts."""
+        path = self._file(k)
         n_inner = -(-self.outer // self.inner)  # type: ignore[operator]
         index_bytes = 16 * n_inner
         end = size - index_bytes - 4  # where the index starts
@@ -237,10 +279,10 @@ class Layout:
         return np.frombuffer(tail, "<u8", 2 * n_inner).reshape(-1, 2), end
 
     def _shard_jobs(
-        self, path: str, size: int, k: int, start: int, stop: int, out: Any, lo: int, hi: int,
-        target: Target, crcs: Sequence[int | None] | None,
+        self, index: np.ndarray, end: int, k: int, start: int, stop: int, out: Any, lo: int,
+        hi: int, target: Target, crcs: Sequence[int | None] | None,
     ) -> list[Job]:
-        index, end = self._shard_index(path, size, k)
+        path = self._file(k)
         jobs = []
         inner = self.inner or 1
         for j in range((max(lo, start) - start) // inner, -(-(min(hi, stop) - start) // inner)):
@@ -347,23 +389,64 @@ def _intact(data: Any) -> bool:
 
 
 def _file_size(path: str) -> int:
+    """The size of a chunk file (local, or behind a URL)."""
+    if is_url(path):
+        fs, where = fsspec.core.url_to_fs(path)
+        with _remote_errors(path):
+            return int(fs.size(where))
     try:
         return os.stat(path).st_size
     except FileNotFoundError:
-        raise _damaged(os.path.dirname(os.path.dirname(path)), f"{path} is missing") from None
+        raise _missing(path) from None
 
 
 def _read(path: str, offset: int, length: int) -> bytes:
-    """`length` bytes of the file from `offset` (fewer if it ends first), read without the
-    GIL into a bytes object."""
+    """`length` bytes of the file from `offset` (fewer if it ends first): a local one read
+    without the GIL into a bytes object, a URL's by one ranged read."""
+    if is_url(path):
+        fs, where = fsspec.core.url_to_fs(path)
+        with _remote_errors(path):
+            return bytes(fs.cat_file(where, start=offset, end=offset + length))
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        raise _damaged(os.path.dirname(os.path.dirname(path)), f"{path} is missing") from None
+        raise _missing(path) from None
     try:
         return os.pread(fd, length, offset)
     finally:
         os.close(fd)
+
+
+def _whole(path: str) -> bytes:
+    """A whole (metadata) file, local or behind a URL; a missing one is FileNotFoundError,
+    one that cannot be read another OSError."""
+    if is_url(path):
+        fs, where = fsspec.core.url_to_fs(path)
+        try:
+            return bytes(fs.cat_file(where))
+        except OSError:  # FileNotFoundError among them
+            raise
+        except Exception as exc:  # a filesystem's own error type (a lost connection)
+            raise OSError(f"{type(exc).__name__}: {exc}") from None
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _missing(path: str) -> StoreError:
+    return _damaged(os.path.dirname(os.path.dirname(path)), f"{path} is missing")
+
+
+@contextmanager
+def _remote_errors(path: str) -> Iterator[None]:
+    """A URL's read failing: a missing file is damage; anything else (a lost connection,
+    credentials) is one StoreError that says so, not a traceback from the filesystem."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise _missing(path) from None
+    except Exception as exc:
+        raise StoreError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); check the "
+                         "connection and credentials, then run again") from None  # fmt: skip
 
 
 @lru_cache(maxsize=4096)
@@ -372,7 +455,10 @@ def _layout(path: str, stamp: int) -> Layout:
 
 
 def layout(path: str) -> Layout:
-    """The array's layout, parsed once per version of its zarr.json."""
+    """The array's layout: a local one parsed once per version of its zarr.json, a remote
+    one (whose files carry no dependable time) each time."""
+    if is_url(path):
+        return Layout(path)
     try:
         stamp = os.stat(os.path.join(path, "zarr.json")).st_mtime_ns
     except FileNotFoundError:
@@ -395,14 +481,17 @@ class Reading:
     when done: each array is asked for once). With a target's ``lookahead``, the arrays
     after the one asked for are started while fewer bytes than that are decoded and not yet
     asked for; else all start at once. Such a consumer must not wait on the pool's own
-    threads: the work it waits for is started by its own calls."""
+    threads: the work it waits for is started by its own calls. `after` is called when the
+    last array is handed over (before it is)."""
 
     def __init__(
         self, requests: Sequence[tuple[Layout, int, int, Expect | None]], threads: int,
         target: Target, on_error: Callable[[], None] | None = None,
+        after: Callable[[], None] | None = None,
     ):
         self._requests, self._threads, self._target = list(requests), threads, target
-        self._on_error = on_error
+        self._on_error, self._after = on_error, after
+        self._left = len(self._requests)  # arrays not handed over yet
         self._outs: list[Any] = [None] * len(self._requests)
         self._pending: list[list[Future]] = [[] for _ in self._requests]
         self._bytes = [0] * len(self._requests)  # of each array started, not handed over
@@ -419,6 +508,7 @@ class Reading:
         reading._pending = [[] for _ in arrays]
         reading._bytes = [0] * len(arrays)
         reading._started = len(arrays)
+        reading._left = 0
         return reading
 
     def __len__(self) -> int:
@@ -453,6 +543,10 @@ class Reading:
         with self._lock:
             self._ahead -= self._bytes[k]
             self._bytes[k] = 0
+            self._left -= 1
+            last = self._left == 0
+        if last and self._after is not None:
+            self._after()
         return out
 
 
@@ -469,23 +563,30 @@ def _reported(on_error: Callable[[], None] | None) -> Iterator[None]:
 
 def start(
     requests: Sequence[Request], threads: int = 1, target: Target = HOST,
-    on_error: Callable[[], None] | None = None,
+    on_error: Callable[[], None] | None = None, after: Callable[[], None] | None = None,
 ) -> Reading:
-    """Begin decoding entries [lo, hi) of each local array (path, lo, hi[, expect]; hi
+    """Begin decoding entries [lo, hi) of each array (path or URL, lo, hi[, expect]; hi
     None: to the end) on up to `threads` threads into arrays made by `target`, in request
     order; returns at once. `on_error` is called before any StoreError of the reading is
-    raised (the store checks there whether it was replaced meanwhile)."""
-    checked = []
-    with _reported(on_error):
-        for path, lo, hi, *rest in requests:
-            expect = rest[0] if rest else None
-            lay = layout(path)
-            _check_expected(lay, expect)
-            stop = lay.size if hi is None else hi
-            if not 0 <= lo <= stop <= lay.size:
-                raise _damaged(path, f"entries [{lo}, {stop}) asked of an array of {lay.size}")
-            checked.append((lay, lo, stop, expect))
-    return Reading(checked, threads, target, on_error)
+    raised (the store checks there whether it was replaced meanwhile), `after` once the
+    last array is decoded, before it is handed over."""
+    checked: list[Any] = [None] * len(requests)
+
+    def prepare(k: int, path: str, lo: int, hi: int | None, *rest: Expect | None) -> None:
+        expect = rest[0] if rest else None
+        lay = layout(path)
+        _check_expected(lay, expect)
+        stop = lay.size if hi is None else hi
+        if not 0 <= lo <= stop <= lay.size:
+            raise _damaged(path, f"entries [{lo}, {stop}) asked of an array of {lay.size}")
+        lay.prefetch(lo, stop)
+        checked[k] = (lay, lo, stop, expect)
+
+    remote = any(is_url(request[0]) for request in requests)
+    with _reported(on_error):  # a remote reading's metadata fetched concurrently
+        run_all([partial(prepare, k, *r) for k, r in enumerate(requests)],
+                threads if remote else 1, use="metadata")  # fmt: skip
+    return Reading(checked, threads, target, on_error, after)
 
 
 def _check_expected(lay: Layout, expect: Expect | None) -> None:
@@ -502,7 +603,7 @@ def _check_expected(lay: Layout, expect: Expect | None) -> None:
 
 
 def read(requests: Sequence[Request], threads: int = 1) -> list[np.ndarray]:
-    """Entries [lo, hi) of each local array, decoded on up to `threads` threads together."""
+    """Entries [lo, hi) of each array, decoded on up to `threads` threads together."""
     reading = start(requests, threads)
     return [reading.get(k) for k in range(len(reading))]
 

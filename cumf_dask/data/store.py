@@ -28,10 +28,9 @@ faster than zstd at a similar size on rating data); fill values are impossible d
 indices and counts, NaN for ratings). Each band group records which band it is, the build
 that wrote it (the root's ``build``, made by ``init_store``) and the crc32c of each of its
 chunks, so a chunk or band out of place or from another store is caught too
-(:mod:`.integrity`). Local stores are read by :mod:`.shards`, which treats a missing or
-damaged chunk as an error; remote URLs are read through zarr and the values validated, which
-catches a fill value. A store is marked ``complete`` only by its last write: an interrupted
-build never opens; its attrs are checked on open.
+(:mod:`.integrity`). Stores, local or behind a URL, are read by :mod:`.shards`, which
+treats a missing or damaged chunk as an error. A store is marked ``complete`` only by its
+last write: an interrupted build never opens; its attrs are checked on open.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ import socket
 import warnings
 from collections.abc import Iterator
 from contextlib import suppress
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,6 +54,7 @@ from zarr.codecs import BloscCodec, Crc32cCodec
 from ..blocks import Block, block_on_host, coo_to_block, take_rows
 from ..errors import CumfWarning, StoreError
 from ..paths import is_url, normalize_url
+from ..threads import run as threads_run
 from . import shards
 from .integrity import (
     IDS_FIX,
@@ -282,21 +282,25 @@ class RatingsStore:
     ) -> shards.Reading:
         """Begin reading arrays (as :meth:`read`); ``.get(k)`` waits for array k only.
 
-        A local store is read by :mod:`.shards` on `threads` threads into `target`'s arrays
-        (a missing or damaged chunk is a StoreError, or one saying the store was replaced
-        since it was opened when it was); a remote one through zarr, at once, into NumPy
-        arrays (any failure is a StoreError; the callers validate the values: a missing
-        chunk reads as an impossible fill value). An Expect's crc32c are compared on local
-        reads only, so a remote store's build is checked after its reads: a rebuild
-        replaces the root's build id before it writes any ratings (one small GET).
+        The arrays are read by :mod:`.shards` on `threads` threads into `target`'s arrays,
+        local or over a URL alike: a missing or damaged chunk, or one another build wrote
+        there (an Expect's crc32c), is a StoreError, or one saying the store was replaced
+        since it was opened when it was. A local store's build is checked before the
+        reads; a remote store's after them (one small GET), since a rebuild in place
+        replaces the root's build id before it writes any ratings. A layout this reader
+        does not parse (not one cumf-dask writes) is read through zarr, at once, into
+        NumPy arrays (any failure is a StoreError; the callers validate the values: a
+        missing chunk reads as an impossible fill value).
         """
-        if not is_url(self.url):
+        remote = is_url(self.url)
+        if not remote:
             self.ensure_same_build()
-            local = [(os.path.join(self.url, r[0]), *r[1:]) for r in arrays]
-            try:
-                return shards.start(local, threads, target, self.ensure_same_build)
-            except shards.Unsupported:
-                pass
+        full = [(os.path.join(self.url, r[0]), *r[1:]) for r in arrays]
+        after = self.ensure_same_build if remote else None
+        try:
+            return shards.start(full, threads, target, self.ensure_same_build, after)
+        except shards.Unsupported:
+            pass
         read = [self._read_zarr(*r) for r in arrays]
         self.ensure_same_build()
         return shards.Reading.done(read)
@@ -431,11 +435,9 @@ class RatingsStore:
         return counts if (start, stop) == (lo, hi) else counts[lo - start : hi - start].copy()
 
     def _count_record(self, name: str) -> dict[str, Any]:
-        """What the build recorded in a count array's attrs: its id, and (local stores) the
-        crc32c of each chunk. Missing metadata of a store replaced meanwhile says so."""
+        """What the build recorded in a count array's attrs: its id, and the crc32c of each
+        chunk. Missing metadata of a store replaced meanwhile says so."""
         try:
-            if is_url(self.url):
-                return dict(self._group[name].attrs)
             return shards.layout(os.path.join(self.url, name)).attributes
         except StoreError:
             self.ensure_same_build()
@@ -531,6 +533,20 @@ class RatingsStore:
         path = f"{band_group(orient, split)}/{band}"
         nnz, crcs = check_band(self, path, orient, split, band, self.band_size(orient, split, band))
         return path, nnz, crcs
+
+    def checked_bands(
+        self, orient: Orientation, split: Split, bands: list[int], threads: int = 1
+    ) -> list[tuple[str, int | None, dict[str, Any]]]:
+        """:meth:`checked_band` of each band; a remote store's on `threads` threads at once
+        (a round trip each)."""
+        checked: list[Any] = [None] * len(bands)
+
+        def check(k: int, band: int) -> None:
+            checked[k] = self.checked_band(orient, split, band)
+
+        jobs = [partial(check, k, band) for k, band in enumerate(bands)]
+        threads_run(jobs, threads if is_url(self.url) else 1, use="band-checks")
+        return checked
 
     def band_size(self, orient: Orientation, split: Split, band: int) -> int | None:
         """Ratings in one band (its band_nnz; None while the store is being built, before
