@@ -421,7 +421,9 @@ def test_block_squared_error_matches_float64(gpu, f):
     assert abs(got - want) / want < 1e-5
 
 
-def test_blocks_built_on_the_gpu_equal_the_host_ones(gpu, tmp_path):
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_blocks_built_on_the_gpu_equal_the_host_ones(gpu, tmp_path, where):
+    """Bands decoded to the host or straight to the GPU, from a local store or over a URL."""
     from cumf_dask.blocks import block_on_host
     from cumf_dask.data.assemble import read_bands
     from cumf_dask.data.shards import HOST
@@ -429,8 +431,9 @@ def test_blocks_built_on_the_gpu_equal_the_host_ones(gpu, tmp_path):
     from cumf_dask.errors import StoreError
 
     rows, cols, vals = random_ratings(130, 70, 0.2, seed=4, empty_rows=[9], skew=0.5)
-    store = build_store(str(tmp_path / "s.zarr"), rows, cols, vals, shape=(130, 70),
-                        test_fraction=0.2, tile_rows=17, tile_cols=9)  # fmt: skip
+    url = str(tmp_path / "s.zarr") if where == "local" else f"memory://{tmp_path.name}/s.zarr"
+    store = build_store(url, rows, cols, vals, shape=(130, 70), test_fraction=0.2,
+                        tile_rows=17, tile_cols=9)  # fmt: skip
     cases = [
         ("row", "train", (0, 130), (0, 70)),  # whole, bands and tiles uncut
         ("row", "test", (5, 99), (3, 61)),  # the held-out split, cut on every side
