@@ -200,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-k", type=int, default=10, help="how many items")
     r.add_argument("--store", help="the training store, whose items the user rated are left "
                    "out (default: the one the model names)")  # fmt: skip
+    r.add_argument("--include-rated", action="store_true", help="rank the items the user "
+                   "already rated too (no training store is read)")  # fmt: skip
 
     found = c.available_benchmarks()
     listed = ", ".join(found) if found else "none here: benchmarks/ is part of a source checkout"

@@ -259,12 +259,16 @@ def cmd_recommend(args: argparse.Namespace, out: Output) -> None:
     _check_k(args.k)
     model = ALS.load(model_path(args.model))
     store = None  # the training store, whose items the user rated are left out
+    if args.include_rated and args.store:
+        raise ConfigError("--store names the store whose rated items are left out, "
+                          "--include-rated leaves them in: give one of the two")  # fmt: skip
     if args.store:
         store = model._matching(args.store)
-    elif model.store_url_:
+    elif model.store_url_ and not args.include_rated:
         store = model._matching(model._open_training_store(
-            model.store_url_, "give the store it was trained on with --store"))  # fmt: skip
-    else:  # fitted on in-memory ratings: no store to read what the user rated from
+            model.store_url_, "give the store it was trained on with --store, or rank the items "
+            "the user rated too with --include-rated"))  # fmt: skip
+    elif not args.include_rated:  # fitted on in-memory ratings: no store of what was rated
         out.log("the model names no training store: items the user already rated are not "
                 "left out (give the store with --store)")  # fmt: skip
     user, n = _user_id(args.user, model), model.shape_[1]

@@ -351,6 +351,10 @@ def load_config(
     return _expand_home(config)
 
 
+#: file name suffixes of ratings (never of a YAML config): given as one, say how to use them
+_RATINGS_SUFFIXES = {".csv", ".tsv", ".dat", ".parquet", ".pq", ".gz", ".bz2", ".xz", ".zip"}
+
+
 def _read_file(path: Path, source: str) -> Any:
     """The YAML document of a config file; anything that stops it being read is a ConfigError."""
     if path.is_dir():
@@ -360,6 +364,12 @@ def _read_file(path: Path, source: str) -> Any:
         raise ConfigError(f"{source}: is a folder, not a config file (give a YAML file)")
     if not path.is_file():
         raise ConfigError(f"{source}: config file not found (give an existing YAML file)")
+    if path.suffix.lower() in _RATINGS_SUFFIXES:
+        raise ConfigError(
+            f"{source}: is a ratings file, not a config file: ingest it into a store first "
+            f"(cumf-dask ingest {source} -o ratings.zarr), then cumf-dask train --store "
+            "ratings.zarr; or name it in a config as data.ingest.path"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -374,6 +374,9 @@ class ALS:
         (users, items, ratings) arrays in the data's own ids."""
         check_choice("kind", kind, ("test", "train"))
         if isinstance(data, tuple):
+            if len(data) != 3:
+                raise ConfigError(f"rmse takes a store, or (users, items, ratings) arrays: got a "
+                                  f"tuple of {len(data)}")  # fmt: skip
             vals = np.asarray(data[2], np.float64)
             if not np.isfinite(vals).all():
                 raise ConfigError("rmse: the ratings must be finite numbers (NaN or inf given)")
@@ -439,6 +442,7 @@ class ALS:
         check_number("batch", batch, 1, integer=True)
         users = self._as_indices(users, "user")
         self._check_indices(users, np.zeros(0, np.int64))
+        self._warn_cold(self.user_factors_[users])
         if exclude_seen:
             store = store if store is not None else getattr(self, "_store", None)
             if store is None:
@@ -459,14 +463,30 @@ class ALS:
             return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
         return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
 
+    @staticmethod
+    def _warn_cold(X: np.ndarray) -> None:
+        """A CumfWarning when some of the users ranked (their factor rows `X`) had no
+        training rating: their factors are zero, so every item scores 0 for them and their
+        list is in no meaningful order."""
+        cold = int(np.count_nonzero(~X.any(axis=1))) if X.size else 0
+        if cold:
+            warnings.warn(
+                f"{cold:,} of the {len(X):,} users ranked had no training rating (their factors "
+                "are zero): every item scores 0 for them, so their recommendations are in no "
+                "meaningful order",
+                CumfWarning,
+                stacklevel=4,
+            )
+
     def _training_store(self) -> RatingsStore:
         """The store the model records it was trained on (for the items each user has
         seen), opened, or an error saying how to do without it."""
         url = getattr(self, "store_url_", None)
         if url is None:
             raise ConfigError(
-                "recommend(exclude_seen=True) needs the rating store: pass store=, or "
-                "exclude_seen=False"
+                "recommend(exclude_seen=True) reads each user's rated items from the training "
+                "store, and this model names none (it was fitted on in-memory ratings): pass "
+                "store= (a store of those ratings, from ingest_arrays), or exclude_seen=False"
             )
         return self._open_training_store(url, "pass store= (the store it was trained on), or "
                                               "exclude_seen=False")  # fmt: skip
@@ -537,21 +557,28 @@ class ALS:
         return store
 
     def _warn_if_rebuilt(self, store: RatingsStore) -> None:
-        """A CumfWarning when `store` sits where the model's training store was but holds
-        other ratings (rebuilt or replaced since): its scores and seen items are then not
-        those of the training data."""
+        """A CumfWarning when `store` holds other ratings than the model was trained on:
+        the training store rebuilt or replaced since, or another store (another split of
+        the same data, whose held-out ratings may include ones the model trained on: its
+        test scores would look better than they are)."""
         then = getattr(self, "store_ratings_", None)
-        if then is None or _location(store.url) != getattr(self, "store_url_", None):
+        if then is None:
             return
         now = ratings_digest(store)
-        if not same_ratings(then, now):
-            warnings.warn(
-                f"{store.url} holds other ratings than when the model was trained on it "
-                f"(then {then}, now {now}): it was rebuilt or replaced, so RMSE and seen items "
-                "come from what it holds now",
-                CumfWarning,
-                stacklevel=4,
-            )
+        if same_ratings(then, now):
+            return
+        trained_on = getattr(self, "store_url_", None)
+        if _location(store.url) == trained_on:
+            why = (f"{store.url} holds other ratings than when the model was trained on it "
+                   f"(then {then}, now {now}): it was rebuilt or replaced")  # fmt: skip
+        else:
+            where = f"the store it was trained on ({trained_on})" if trained_on else (
+                "the in-memory ratings it was fitted on")
+            why = (f"{store.url} holds other ratings than {where} (then {then}, here {now}): "
+                   "if it splits the same data otherwise, its held-out ratings may include "
+                   "ones the model trained on and its test scores look better than they are")
+        warnings.warn(f"{why}; RMSE and seen items come from what it holds", CumfWarning,
+                      stacklevel=4)  # fmt: skip
 
     def _check_indices(self, users: np.ndarray, items: np.ndarray) -> None:
         self._check_fitted()

@@ -611,9 +611,16 @@ def test_recommend_names_store_when_the_training_store_is_gone(flow, work, run_c
         model.save(work / f"{name}-moved.zarr")
         _, err = run_cli("recommend", f"{name}-moved.zarr", "--user", "user-7", code=3)
         assert "the model's training store cannot be opened" in err and "with --store" in err
+        assert "or rank the items the user rated too with --include-rated" in err
         out, _ = run_cli("recommend", f"{name}-moved.zarr", "--user", "user-7", "-k", "2",
                          "--store", "data/ratings.zarr", "--json")  # fmt: skip
         assert len(json.loads(out)["items"]) == 2
+        out, err = run_cli("recommend", f"{name}-moved.zarr", "--user", "user-7", "-k", "40",
+                           "--include-rated", "--json")  # fmt: skip
+        assert len(json.loads(out)["items"]) == explicit.shape_[1] and "rated" not in err
+    _, err = run_cli("recommend", "explicit-moved.zarr", "--user", "user-7", "--store",
+                     "data/ratings.zarr", "--include-rated", code=2)  # fmt: skip
+    assert "give one of the two" in err
 
 
 def test_a_folder_that_is_not_a_model_is_named_as_such(flow, work, run_cli):
@@ -1142,6 +1149,12 @@ def test_paths_in_the_wrong_place_name_the_fix(flow, work, run_cli, tmp_path):
     _, err = run_cli("train", "data/ratings.zarr", code=2)
     assert ("data/ratings.zarr: is a rating store, not a config file: give it with --store "
             "(cumf-dask train --store data/ratings.zarr)") in err  # fmt: skip
+    (tmp_path / "r.csv").write_text("user,item,rating\nu1,a,4\n")
+    _, err = run_cli("train", str(tmp_path / "r.csv"), code=2)
+    assert (f"{tmp_path}/r.csv: is a ratings file, not a config file: ingest it into a store "
+            f"first (cumf-dask ingest {tmp_path}/r.csv -o ratings.zarr)") in err  # fmt: skip
+    _, err = run_cli("info", str(flow["run"] / "model.zarr"), code=3)
+    assert "(format 'cumf-dask-model', expected 'cumf-dask-ratings'): it is a saved model" in err
     _, err = run_cli("ingest", "data/ratings.zarr", "-o", "data/again.zarr", code=3)
     assert ("is a rating store already, not a ratings file: `cumf-dask info data/ratings.zarr` "
             "describes it") in err  # fmt: skip

@@ -26,7 +26,7 @@ from cumf_dask.config import HalfStepConfig, PlanConfig
 from cumf_dask.data.spill import build_store
 from cumf_dask.engine import fit as fit_module
 from cumf_dask.engine import plan as plan_module
-from cumf_dask.errors import CumfWarning, StoreError
+from cumf_dask.errors import ConfigError, CumfWarning, StoreError
 from cumf_dask.factors import init_factor
 from cumf_dask.model import ALS
 
@@ -289,6 +289,12 @@ def test_single_rating(tmp_path, client2):
     assert np.isfinite(model.user_factors_).all()
     assert rel_err(model.user_factors_, X) < 1e-4
     assert rel_err(model.item_factors_, T) < 1e-4
+    with pytest.warns(CumfWarning, match=r"^2 of the 3 users ranked had no training rating "
+                      r"\(their factors are zero\): every item scores 0"):  # fmt: skip
+        model.recommend([0, 1, 2], k=1, exclude_seen=False)
+    with pytest.raises(ConfigError, match=r"rmse takes a store, or \(users, items, ratings\) "
+                       "arrays: got a tuple of 2"):  # fmt: skip
+        model.rmse(([2], [1]))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -70,6 +70,13 @@ from .integrity import (
 )
 
 FORMAT = "cumf-dask-ratings"
+#: what to do with cumf-dask's other folders where a store was expected
+_OTHER_FORMATS = {
+    "cumf-dask-model": ": it is a saved model (use it with cumf-dask evaluate or recommend, or "
+    "ALS.load)",
+    "cumf-dask-checkpoint": ": it is a fit's checkpoint (resume with cumf-dask train --resume, "
+    "or fit(resume=True))",
+}
 VERSION = 2
 CHUNK = 1 << 22  # entries per zarr chunk of the id maps: 16 MB of int32/float32
 BAND_CHUNK = 1 << 20  # entries per inner chunk of a band's (sharded) arrays, at most
@@ -202,6 +209,7 @@ class RatingsStore:
         if fmt != FORMAT:
             raise StoreError(
                 f"{url}: not a cumf-dask rating store (format {fmt!r}, expected {FORMAT!r})"
+                + _OTHER_FORMATS.get(fmt, "")
             )
         if attrs.get("version") != VERSION:
             raise StoreError(

@@ -226,7 +226,9 @@ class ImplicitALS(ALS):
         url = getattr(self, "store_url_", None)
         if store is None and not url:
             raise ConfigError(
-                "filtering liked items needs the training store: pass store=, user_items, or "
+                "filtering liked items reads each user's items from the training store, and "
+                "this model names none (it was fitted on in-memory data): pass store= (a store "
+                "of that data, from ingest_arrays), user_items, or "
                 "filter_already_liked_items=False"
             )
         if store is None:
@@ -355,6 +357,7 @@ class ImplicitALS(ALS):
             X = self._fold_in(given, batch)
         else:
             X = self.user_factors_[users]
+        self._warn_cold(X)
         chunks = [(lo, min(lo + batch, len(users))) for lo in range(0, len(users), batch)]
         if filter_already_liked_items and given is None and chunks:
             store = self._seen_store(store)
