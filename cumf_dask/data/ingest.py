@@ -96,7 +96,7 @@ _TEXT_FORMATS = {
     "delimited": TextFormat(None),
     "movielens-100k": TextFormat("\t", header=False, fields=4),
     # '::' read as ':' with empty fields between: the fast C parser handles it.
-    "movielens-1m": TextFormat(":", columns=(0, 2, 4), header=False, fields=7),
+    "movielens-1m": TextFormat(":", columns=(0, 2, 4), header=False, fields=7, doubled=True),
     "movielens-csv": TextFormat(",", columns=("userId", "movieId", "rating"), header=True),
     "netflix": TextFormat(",", header=False, fields=3, blocks=True),
 }
@@ -136,10 +136,10 @@ def ingest_file(
         (Netflix ``training_set/mv_*.txt``). ``.gz``, ``.bz2``, ``.xz`` are decompressed.
     format : one of :data:`FORMATS`.
     delimiter, header, columns : override the format's (text formats; `columns` also for
-        Parquet): the user, item and rating columns by name or 0-based position. Parquet
-        without `columns`: the columns named user, item and rating when it has all three,
-        else the first three, unless a column's name says it is another (such as a column
-        'rating' second): an error.
+        Parquet): the user, item and rating columns by name or 0-based position. Without
+        `columns` (Parquet, or a text file with a header): the columns named user, item and
+        rating when it has all three, else the first three, unless a column's name says it
+        is another (such as a column 'rating' second): an error.
         ``header=None`` guesses: a header when line 1's rating field reads as a name (it
         has a letter and is no number and no NA) and its user and item fields are not both
         numbers (then it is a data line with a bad rating, an error).

@@ -2,7 +2,7 @@
 
 * ``(users, items, ratings)`` or ``(users, items, ratings, (m, n))``: three 1-D arrays;
 * a pandas or Dask DataFrame with columns ``user``, ``item``, ``rating`` (or exactly three
-  columns, in that order);
+  columns, in that order, unless a name says otherwise: ``movieId, userId, rating`` is refused);
 * a NumPy or Dask array of shape (nnz, 3): rows of (user, item, rating);
 * a SciPy sparse matrix or array: rows are users, columns items, entries ratings.
 
@@ -32,7 +32,7 @@ from .ingest import (
     ingest_scipy,
     with_scale,
 )
-from .readers import Chunk, Records
+from .readers import Chunk, Records, misplaced
 from .store import RatingsStore
 
 COLUMNS = ("user", "item", "rating")
@@ -113,11 +113,21 @@ def _dask_chunks(parts: list[Any], client: Any) -> Iterator[Chunk]:
 
 
 def _columns(columns: Any) -> tuple[Any, Any, Any]:
-    """The user, item and rating columns: by name, else the only three there are."""
+    """The user, item and rating columns: by name, else the only three there are, unless a
+    name says that a column is another one (a silent mis-parse: refused)."""
     names = list(columns)
     if all(c in names for c in COLUMNS):
         return COLUMNS
     if len(names) == 3:
+        wrong = misplaced(names)
+        if wrong is not None:
+            label, at, example = wrong
+            raise ConfigError(
+                f"the DataFrame's column {label!r} is at position {at}, so its three columns "
+                "(read as user, item, rating in that order when it lacks columns named user, "
+                f"item and rating) would misread it; reorder them (df[{example!r}]) or rename "
+                "them user, item, rating"
+            )
         return names[0], names[1], names[2]
     raise ConfigError(
         f"a DataFrame for fit() needs columns {', '.join(COLUMNS)} (or exactly three columns, "

@@ -20,10 +20,12 @@ import re
 import stat
 import zipfile
 import zlib
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from os import PathLike
+from pathlib import PurePosixPath
 from typing import IO, Any
 
 import fsspec
@@ -31,6 +33,7 @@ import numpy as np
 import pandas as pd
 from fsspec.compression import compr
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.utils import compressions
 
 from ..errors import IngestError
 
@@ -54,10 +57,23 @@ class TextFormat:
     """How to read one delimited text format."""
 
     delimiter: str | None  # None: runs of whitespace
-    columns: tuple[Column, Column, Column] = (0, 1, 2)  # user, item, rating: name or position
+    # user, item, rating: name or position; None: as Parquet's (:func:`default_columns`)
+    columns: tuple[Column, Column, Column] | None = None
     header: bool | None = None  # None: guessed from line 1 (:func:`_is_header`)
     fields: int | None = None  # fields per line (None: as many as line 1 has)
     blocks: bool = False  # Netflix: a line `movie_id:` heads a block of `user,rating,date` lines
+    # the delimiter doubled in the file ('::' read as ':' with an empty field between each
+    # two, for the fast parser: movielens-1m); messages count the file's own fields
+    doubled: bool = False
+
+    def count(self, fields: int) -> int:
+        """`fields` as the format counts them ('::' read as ':' splits N fields into 2N - 1)."""
+        return fields // 2 + 1 if self.doubled else fields
+
+    def lines(self, fields: int) -> str:
+        """'lines have N fields separated by D', in the format's terms."""
+        shown = 2 * self.delimiter if self.doubled and self.delimiter else self.delimiter
+        return f"lines have {self.count(fields)} fields separated by {_show_sep(shown)}"
 
 
 # ----------------------------------------------------------------------------- record numbers
@@ -110,7 +126,7 @@ class Files(Records):
             if f.fs.isdir(f.path):
                 raise IngestError(
                     f"{name}: is a directory, not a ratings file; give a file in it, or a glob "
-                    f"of its files (such as '{name.rstrip('/')}/*.csv')"
+                    f"of its files (such as '{name.rstrip('/')}/*{_extension(f, unit)}')"
                 )
             special = _special(f.path) if isinstance(f.fs, LocalFileSystem) else None
             if special:
@@ -192,6 +208,24 @@ def _glob(path: str) -> str | list[str]:
     return [fs.unstrip_protocol(p) for p in sorted(fs.glob(local)) if not fs.isdir(p)]
 
 
+def _extension(folder: fsspec.core.OpenFile, unit: str) -> str:
+    """The extension most files in `folder` have ('.csv', '.csv.gz'; hidden files and
+    Spark's '_SUCCESS' aside), else the format's: '.parquet' (rows) or '.csv' (lines)."""
+    try:
+        entries = folder.fs.ls(folder.path, detail=True)
+    except OSError:
+        entries = []
+    found: Counter[str] = Counter()
+    for entry in entries:
+        base = PurePosixPath(entry["name"])
+        if entry["type"] == "file" and base.suffix and not base.name.startswith((".", "_")):
+            compressed = base.suffix[1:] in compressions and len(base.suffixes) > 1
+            found["".join(base.suffixes[-2:]) if compressed else base.suffix] += 1
+    if found:
+        return found.most_common(1)[0][0]
+    return ".parquet" if unit == "row" else ".csv"
+
+
 def _special(path: str) -> str | None:
     """What a local path that is neither a file nor a folder is ('a pipe', 'a device', ...),
     None when nothing is there."""
@@ -214,6 +248,18 @@ def _members(f: fsspec.core.OpenFile) -> str:
     except (zipfile.BadZipFile, OSError):
         return ""
     return f" (holding {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+
+
+def positions(columns: Sequence[Column], labels: list[str], count: int, where: str) -> list[int]:
+    """0-based positions of the user, item and rating columns (:func:`position`); an input of
+    two columns has no rating (interactions without a count): named as such."""
+    rating = columns[2]
+    if count == 2 and isinstance(rating, int) and rating >= count:
+        raise IngestError(
+            f"{where}: the input has 2 columns and no rating column; add a third column with "
+            "the rating (for implicit feedback, a count: 1 for each interaction)"
+        )
+    return [position(c, labels, count, where) for c in columns]
 
 
 def position(column: Column, labels: list[str], count: int, where: str) -> int:
@@ -252,9 +298,9 @@ def read_text(files: Files, spec: TextFormat, chunk_rows: int) -> Iterator[Chunk
 
 
 def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> Iterator[Chunk]:
-    skip, positions, fields = _layout(files, k, spec)
+    skip, picked, fields = _layout(files, k, spec)
     carry, separator = None, _separator(spec.delimiter)
-    with _text_errors(files, k) as lines, files.open(k) as (data, raw):
+    with _text_errors(files, k, spec) as lines, files.open(k) as (data, raw):
         stream = lines.stream = _Watched(data, spec.delimiter)
         lines.record = lines.line = 1 + skip
         reader = pd.read_csv(
@@ -271,7 +317,7 @@ def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> 
             table, seq = table[filled], seq[filled]
             if spec.blocks:
                 table, seq, carry = _netflix_blocks(table, seq, carry, files)
-            cols = [table[p].to_numpy(object) for p in positions]
+            cols = [table[p].to_numpy(object) for p in picked]
             if stream.spaced:  # the parser strips leading whitespace only
                 cols = [np.fromiter(map(str.strip, c), object, len(c)) for c in cols]
             missing = (cols[0] == "") | (cols[1] == "") | (cols[2] == "")
@@ -284,8 +330,7 @@ def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> 
                         "comment; comment lines are not supported: remove them"
                     )
                 raise IngestError(
-                    f"{where}: a field is missing (lines have {fields} fields separated by "
-                    f"{_show_sep(spec.delimiter)}); fix or remove the line"
+                    f"{where}: a field is missing ({spec.lines(fields)}); fix or remove the line"
                 )
             yield Chunk(*cols, seq, files.start[k] + raw.tell())
         stream.refuse(files.names[k])
@@ -344,7 +389,7 @@ def _layout(files: Files, k: int, spec: TextFormat) -> tuple[int, list[int], int
     data line may not have more fields than that, as no later line may (the parser would
     drop the extra fields of the first with a warning)."""
     name = files.names[k]
-    with _text_errors(files, k), files.open(k) as (data, _):
+    with _text_errors(files, k, spec), files.open(k) as (data, _):
         head = data.read(_SNIFF)
         kind = binary_kind(head)
         if kind is not None:
@@ -358,8 +403,9 @@ def _layout(files: Files, k: int, spec: TextFormat) -> tuple[int, list[int], int
     number, first = lines[0]
     where = f"{name}, line {number}"
     fields = _split(first, spec.delimiter) or first.split(spec.delimiter)
-    header = spec.header if spec.header is not None else _is_header(fields, spec.columns)
-    if header and _reads_as_rating(fields, spec.columns):
+    given = spec.columns or _FIRST_THREE
+    header = spec.header if spec.header is not None else _is_header(fields, given)
+    if header and _reads_as_rating(fields, given):
         raise IngestError(
             f"{where}: a header was asked for (--header) but this line ({first.strip()[:60]!r}) "
             "reads as a rating; drop --header (header=True)"
@@ -367,12 +413,17 @@ def _layout(files: Files, k: int, spec: TextFormat) -> tuple[int, list[int], int
     labels = [_unquote(f) for f in fields] if header else []
     count = spec.fields or len(fields)
     try:
-        positions = [position(c, labels, count, where) for c in spec.columns]
+        found = positions(spec.columns or default_columns(labels, where), labels, count, where)
     except IngestError:
         if first.lstrip().startswith(_COMMENT):
             raise IngestError(
                 f"{where}: {first.strip()[:40]!r} looks like a comment; comment lines are not "
                 "supported: remove them"
+            ) from None
+        if "::" in first:
+            raise IngestError(
+                f"{where}: the fields of this line ({first.strip()[:40]!r}) are separated by "
+                "'::', as in MovieLens 1M/10M ratings.dat; use --format movielens-1m"
             ) from None
         raise
     line, width = number, len(fields)  # the first data line: line 1, or the one after a header
@@ -380,8 +431,8 @@ def _layout(files: Files, k: int, spec: TextFormat) -> tuple[int, list[int], int
         line, text = lines[1] if len(lines) > 1 else (number, "")
         width = len(_split(text, spec.delimiter) or []) if text else 0
     if width > count:
-        raise _too_many(name, f"line {line}", width, count, number if header else None)
-    return number if header else 0, positions, count
+        raise _too_many(name, f"line {line}", spec, width, count, number if header else None)
+    return number if header else 0, found, count
 
 
 def _is_header(fields: list[str], columns: tuple[Column, Column, Column]) -> bool:
@@ -644,7 +695,7 @@ def _raw_lines(data: IO[bytes], first: int) -> Iterator[bytes]:
 
 
 @contextmanager
-def _text_errors(files: Files, k: int) -> Iterator[_Lines]:
+def _text_errors(files: Files, k: int, spec: TextFormat) -> Iterator[_Lines]:
     """Turn parser and decoding errors into one IngestError naming the file (and the line)."""
     name, lines = files.names[k], _Lines(files, k)
     try:
@@ -657,17 +708,17 @@ def _text_errors(files: Files, k: int) -> Iterator[_Lines]:
             raise KeyboardInterrupt from None
         if lines.stream is not None:  # a NUL byte or a quote that went by is the cause
             lines.stream.refuse(name)
-        raise _parse_error(name, str(exc), lines) from None
+        raise _parse_error(name, str(exc), lines, spec) from None
     except UnicodeDecodeError:
         raise _not_utf8(files, k) from None
 
 
-def _parse_error(name: str, message: str, lines: _Lines) -> IngestError:
+def _parse_error(name: str, message: str, lines: _Lines, spec: TextFormat) -> IngestError:
     """The error of a line the parser refused: too many fields, or a quote never closed."""
     found = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", message)
     if found is not None:
         want, record, saw = found.groups()
-        return _too_many(name, lines.at(int(record)), int(saw), int(want))
+        return _too_many(name, lines.at(int(record)), spec, int(saw), int(want))
     found = re.search(r"EOF inside string starting at row (\d+)", message)
     if found is not None:  # a 0-based record number
         return IngestError(
@@ -693,9 +744,12 @@ def _not_utf8(files: Files, k: int) -> IngestError:
     return IngestError(f"{name}: not UTF-8 text; convert the file to UTF-8")
 
 
-def _too_many(name: str, at: str, saw: int, want: int, header: int | None = None) -> IngestError:
+def _too_many(
+    name: str, at: str, spec: TextFormat, saw: int, want: int, header: int | None = None
+) -> IngestError:
     """The error of a line (`at`: 'line 7') with more fields than lines have (than the
-    header on line `header` names)."""
+    header on line `header` names), counted as the format counts them."""
+    saw, want = spec.count(saw), spec.count(want)
     if header is None:
         return IngestError(f"{name}, {at}: {saw} fields where lines have {want}; fix or "
                            "remove the line (or check the delimiter)")  # fmt: skip
@@ -731,13 +785,49 @@ def _show_sep(delimiter: str | None) -> str:
     return "whitespace" if delimiter is None else repr(delimiter)
 
 
-# ----------------------------------------------------------------------------- parquet
+# ----------------------------------------------------------------------------- columns
 
-
-_PARQUET_NAMES = ("user", "item", "rating")  # a Parquet file's columns, by name if all there
+_NAMES = ("user", "item", "rating")  # the columns when none are given, by name if all there
+_FIRST_THREE = (0, 1, 2)  # else by position
 # Names that say which column is which (lower case): positions 0, 1, 2 of the fallback
 _ROLES = {"user": 0, "userid": 0, "user_id": 0, "item": 1, "itemid": 1, "item_id": 1,
           "movie": 1, "movieid": 1, "movie_id": 1, "rating": 2, "ratings": 2}  # fmt: skip
+
+
+def default_columns(labels: list[str], where: str) -> tuple[Column, Column, Column]:
+    """The user, item and rating columns when none are given, among the columns named
+    `labels` (a Parquet schema, a text header; none: by position): those named user, item
+    and rating when all three are there, else the first three, unless a name says that a
+    column is another one (refused: a silent mis-parse)."""
+    if set(_NAMES) <= set(labels):
+        return _NAMES
+    wrong = misplaced(labels)
+    if wrong is not None:
+        label, at, example = wrong
+        raise IngestError(
+            f"{where}: the column {label!r} is at position {at}, so the first three "
+            "columns (read as user, item, rating when the file lacks columns named user, item "
+            f"and rating) would misread it; give the columns (--columns {','.join(example)})"
+        )
+    return _FIRST_THREE
+
+
+def misplaced(labels: Sequence[Any]) -> tuple[str, int, list[str]] | None:
+    """A column whose name says it is another one than the first three read it as (a
+    'rating' column second: item ids), as (its name, its position, the user, item and rating
+    columns by name: USER, ITEM, RATING where the names do not say them all); None when
+    there is none."""
+    names = [str(label) for label in labels]
+    roles = [_ROLES.get(label.lower()) for label in names]
+    at = next((i for i, role in enumerate(roles) if role is not None and role != i), None)
+    if at is None:
+        return None
+    found = {role: label for role, label in zip(roles, names, strict=True) if role is not None}
+    example = [found[r] for r in range(3)] if len(found) == 3 else ["USER", "ITEM", "RATING"]
+    return names[at], at, example
+
+
+# ----------------------------------------------------------------------------- parquet
 
 
 def read_parquet(
@@ -773,39 +863,18 @@ def _parquet_columns(
     """(positions of the user, item and rating columns in each batch, the columns to read:
     None for all). A file whose column names repeat is read whole and its columns taken by
     position (pyarrow would read every column of a repeated name)."""
-    named = set(_PARQUET_NAMES) <= set(labels)
-    if columns is None and not named:
-        _refuse_misplaced_names(labels, name)
-    chosen = columns or (_PARQUET_NAMES if named else (0, 1, 2))
+    chosen = columns or default_columns(labels, name)
     repeated = next((c for c in chosen if isinstance(c, str) and labels.count(c) > 1), None)
     if repeated is not None:
         raise IngestError(
             f"{name}: column {repeated!r} appears {labels.count(repeated)} times; give the "
             "columns by 0-based position (--columns 0,1,2)"
         )
-    picked = [position(c, labels, len(labels), name) for c in chosen]
+    picked = positions(chosen, labels, len(labels), name)
     if len(set(labels)) < len(labels):
         return picked, None
     read = list(dict.fromkeys(labels[p] for p in picked))
     return [read.index(labels[p]) for p in picked], read
-
-
-def _refuse_misplaced_names(labels: list[str], name: str) -> None:
-    """Refuse the fallback to the first three columns when a column's name says it is
-    another one (a 'rating' column that would be read as item ids): a silent mis-parse."""
-    found = {_ROLES[label.lower()]: label for label in labels if label.lower() in _ROLES}
-    wrong = next(
-        ((i, label) for i, label in enumerate(labels) if _ROLES.get(label.lower(), i) != i),
-        None,
-    )
-    if wrong is None:
-        return
-    example = ",".join(found[r] for r in range(3)) if len(found) == 3 else "USER,ITEM,RATING"
-    raise IngestError(
-        f"{name}: the column {wrong[1]!r} is at position {wrong[0]}, so the first three "
-        "columns (read as user, item, rating when the file lacks columns named user, item "
-        f"and rating) would misread it; give the columns (--columns {example})"
-    )
 
 
 # ----------------------------------------------------------------------------- in memory
