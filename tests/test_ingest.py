@@ -886,6 +886,31 @@ def test_rows_of_many_ratings_get_small_bands_when_ids_are_mapped(tmp_path, monk
     assert store.ids("rows").tolist() == (np.arange(store.m) * 7 + 1).tolist()
 
 
+@pytest.mark.parametrize("split", ["pairs", "users"])
+def test_a_spill_per_chunk_builds_the_same_store(tmp_path, monkeypatch, split):
+    """Ratings spilled in many files (SPILL_BUFFER of 1 byte: a file per chunk and kind, each
+    sorted by spill band) build the store one spill does: a band gathered from every file,
+    spill bands merged, repeats across chunks resolved by record order (the last kept)."""
+    from cumf_dask.data import spill
+
+    rng = np.random.default_rng(11)
+    users = rng.integers(0, 4 * spill.SPILL_TILE, 30_000)  # mapped: ~4 spill bands, merged
+    items = rng.integers(0, 5, users.size)
+    ratings = rng.integers(1, 6, users.size).astype(float)
+    options = dict(duplicates="last", test_fraction=0.25, split=split, chunk_rows=1_000)
+    one = ingest_arrays(tmp_path / "one.zarr", users, items, ratings, **options)
+    monkeypatch.setattr(spill, "SPILL_BUFFER", 1)
+    many = ingest_arrays(tmp_path / "many.zarr", users, items, ratings, **options)
+    assert one.n_row_tiles < -(-one.m // spill.SPILL_TILE)
+    for kind, part in (("row", "train"), ("row", "test"), ("col", "train")):
+        for a, b in zip(one.read_coo(kind, split=part), many.read_coo(kind, split=part),
+                        strict=True):  # fmt: skip
+            np.testing.assert_array_equal(a, b)
+    records = zip(users.tolist(), items.tolist(), ratings.tolist(), strict=True)
+    assert contents(many) == expected(records)
+    assert one.attrs["stats"] == many.attrs["stats"]
+
+
 def test_id_maps_shorter_than_the_ratings_use_are_refused(tmp_path):
     """Id maps given to the builder name at least every row and column the ratings use:
     a shorter one would drop ratings silently or read as a damaged store."""

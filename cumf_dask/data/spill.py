@@ -2,14 +2,14 @@
 
 :class:`StoreBuilder` is the one way in for ingestion (files, arrays, DataFrames, SciPy) and
 for in-memory arrays (:func:`build_store`, used by ``ALS.fit`` on arrays). It validates each
-chunk, splits off the test share (:func:`~.hashing.split_mask`), spills it to per-band files
-on local disk, and at ``finalize`` resolves duplicates (:mod:`.duplicates`) and writes the
-bands with the band functions of :mod:`.bands`, one band per thread (:mod:`.parallel`; one
-sort per band puts it in storage order and brings repeated pairs together): memory stays
-bounded by one band per thread, so inputs far larger than memory work. With
-``split="users"`` the test share is taken per row at ``finalize`` instead
-(:func:`~.hashing.user_split_mask`: a share of each row's ratings, never all of them), where
-a band holds all of its rows' ratings.
+chunk, splits off the test share (:func:`~.hashing.split_mask`), and spills it to local
+disk, SPILL_BUFFER bytes at a time, each spill one file sorted by spill band; at
+``finalize`` it resolves duplicates (:mod:`.duplicates`) and writes the bands with the band
+functions of :mod:`.bands`, one band per thread (:mod:`.parallel`; one sort per band puts it
+in storage order and brings repeated pairs together): memory stays bounded by one band per
+thread, so inputs far larger than memory work. With ``split="users"`` the test share is
+taken per row at ``finalize`` instead (:func:`~.hashing.user_split_mask`: a share of each
+row's ratings, never all of them), where a band holds all of its rows' ratings.
 
 A builder holds its target's writer lock from construction (before any input is read) to
 ``finalize``/``abort`` (:func:`~.target.claim`). Its spill folder
@@ -53,21 +53,26 @@ OWNER = "owner.json"
 SPILL_TILE = 4096
 #: a spilled rating (28 bytes)
 SPILL_RECORD = np.dtype([("row", "<i8"), ("col", "<i8"), ("val", "<f4"), ("seq", "<i8")])
+#: bytes of ratings held in memory before they are spilled, as one file sorted by spill band:
+#: files number one per SPILL_BUFFER of input, not one per band (on the 2-core box creating
+#: a file took 0.2 ms, 40 appends' time: 0.27 s for 1M ratings' 1,221 bands of 5M rows)
+SPILL_BUFFER = 32 << 20
 
 
 class StoreBuilder:
     """Build a store from COO chunks of any total size with bounded memory.
 
-    ``add`` validates a chunk, splits off the test share, and appends it to per-band spill
-    files; ``finalize`` resolves duplicates and writes the bands, one per thread. Row and column
-    counts (m, n) may grow while adding (ids mapped on the fly); rows per tile are then given
-    or SPILL_TILE, and columns per tile are chosen from the final shape. Rows per tile that
-    were not given grow at ``finalize`` to what the final shape wants (:func:`default_tile`,
-    whole spill bands merged), so a declared m far above the ratings (1e9 rows, 2,000
-    ratings) makes a few hundred bands, not tens of thousands of empty ones, and rows of
-    many ratings still get small bands (2,000 ratings a row: 4,096 rows, not 65,536, which
-    a block load would decode whole). Declared m and n are checked to fit this machine
-    (:func:`~.limits.check_fits`) before anything is written.
+    ``add`` validates a chunk, splits off the test share, and holds it; once SPILL_BUFFER bytes
+    are held they are spilled, one file sorted by spill band. ``finalize`` spills what is
+    still held, reads each band's share of every spill file, resolves duplicates and writes
+    the bands, one per thread. Row and column counts (m, n) may grow while adding (ids mapped
+    on the fly); rows per tile are then given or SPILL_TILE, and columns per tile are chosen
+    from the final shape. Rows per tile that were not given grow at ``finalize`` to what the
+    final shape wants (:func:`default_tile`, whole spill bands merged), so a declared m far
+    above the ratings (1e9 rows, 2,000 ratings) makes a few hundred bands, not tens of
+    thousands of empty ones, and rows of many ratings still get small bands (2,000 ratings a
+    row: 4,096 rows, not 65,536, which a block load would decode whole). Declared m and n are
+    checked to fit this machine (:func:`~.limits.check_fits`) before anything is written.
     """
 
     def __init__(
@@ -118,8 +123,8 @@ class StoreBuilder:
             raise
         self.url = url
         self.m, self.n = m, n
-        self.tile_rows = int(tile_rows)  # of the spill files; finalize may merge them
-        # Spill files are cut by row band only, so the column tiles can wait for the shape.
+        self.tile_rows = int(tile_rows)  # of the spill bands; finalize may merge them
+        # Spills are sorted by row band only, so the column tiles can wait for the shape.
         self.tile_cols = tile_cols
         self.test_fraction, self.split_seed = float(test_fraction), int(split_seed)
         self.split = split
@@ -128,7 +133,11 @@ class StoreBuilder:
         self._records = 0
         self._max_row = -1
         self._max_col = -1
-        self._bands: dict[tuple[str, int], int] = {}
+        self._held: dict[str, list[np.ndarray]] = {"row": [], "test": []}  # SPILL_RECORDs
+        self._held_bytes = 0
+        # per kind, each spill file: its path, the spill bands in it, where each one starts
+        # (16 bytes per band per file)
+        self._spills: dict[str, list[tuple[Path, np.ndarray, np.ndarray]]] = {"row": [], "test": []}
 
     def add(
         self, row: np.ndarray, col: np.ndarray, val: np.ndarray, seq: np.ndarray | None = None
@@ -161,36 +170,48 @@ class StoreBuilder:
                 )
         self._max_row = max(self._max_row, int(row.max()))
         self._max_col = max(self._max_col, int(col.max()))
+        records = np.empty(row.size, SPILL_RECORD)
+        for name, arr in zip(SPILL_RECORD.names, (row, col, val, seq), strict=True):
+            records[name] = arr
         by_pair = self.test_fraction if self.split == "pairs" else 0.0  # users: at finalize
         test = split_mask(row, col, by_pair, self.split_seed)
         for kind, keep in (("row", ~test), ("test", test)):
-            if keep.any():
-                with disk_full_as(self._spill.parent, "the ingest's spill files",
-                                  "free space there, or point TMPDIR at a disk with room for "
-                                  "about 28 bytes per rating"):  # fmt: skip
-                    self._spill_chunk(kind, row[keep], col[keep], val[keep], seq[keep])
+            part = records if keep.all() else records.compress(keep)
+            if part.size:
+                self._held[kind].append(part)
+                self._held_bytes += part.nbytes
+        if self._held_bytes > SPILL_BUFFER:
+            self._flush()
 
-    def _spill_chunk(self, kind: str, row, col, val, seq) -> None:
-        """Append each spill band's share of a chunk to its file, as SPILL_RECORDs: one
-        file per band (not one per column), a quarter of the files a chunk opens."""
-        band = row // self.tile_rows
+    def _flush(self) -> None:
+        """Spill the held ratings and let them go."""
+        with disk_full_as(self._spill.parent, "the ingest's spill files",
+                          "free space there, or point TMPDIR at a disk with room for about "
+                          "28 bytes per rating"):  # fmt: skip
+            for kind, held in self._held.items():
+                if held:
+                    records = np.concatenate(held) if len(held) > 1 else held[0]
+                    held.clear()
+                    self._spill_chunk(kind, records)
+        self._held_bytes = 0
+
+    def _spill_chunk(self, kind: str, records: np.ndarray) -> None:
+        """Write `records` (the held ratings of one kind) to a new spill file sorted by spill
+        band (stably: each band's in the order added), and note where each band starts."""
+        band = records["row"] // self.tile_rows
         # a stable sort of 16-bit keys is a radix sort: 8 ms per 1M, against 68 for int64's
-        keys = band.astype(np.uint16) if band.size and band.max() < 1 << 16 else band
+        keys = band.astype(np.uint16) if band.max() < 1 << 16 else band
         order = np.argsort(keys, kind="stable")
-        band = band[order]
-        records = np.empty(band.size, SPILL_RECORD)
-        for name, arr in (("row", row), ("col", col), ("val", val), ("seq", seq)):
-            records[name] = arr[order]
-        cuts = np.flatnonzero(np.diff(band)) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, band.size], strict=True):
-            b = int(band[lo])
-            with open(self._spill / f"{kind}-{b}", "ab") as fh:
-                records[lo:hi].tofile(fh)
-            self._bands[(kind, b)] = self._bands.get((kind, b), 0) + int(hi - lo)
+        records, band = records.take(order), band[order]  # 1/4 the time of 4 fields' gathers
+        path = self._spill / f"{kind}-{len(self._spills[kind])}"
+        records.tofile(path)
+        starts = np.flatnonzero(np.r_[True, band[1:] != band[:-1]])
+        self._spills[kind].append((path, band[starts], np.r_[starts, band.size]))
 
-    def _load(self, kind: str, band: int) -> tuple[np.ndarray, ...]:
-        """A spill band's (row, col, val, seq), as views of its records."""
-        records = np.fromfile(self._spill / f"{kind}-{band}", SPILL_RECORD)
+    @staticmethod
+    def _load(path: Path, lo: int, hi: int) -> tuple[np.ndarray, ...]:
+        """Records lo to hi of a spill file as (row, col, val, seq), views of the records."""
+        records = np.fromfile(path, SPILL_RECORD, hi - lo, offset=lo * SPILL_RECORD.itemsize)
         return tuple(records[name] for name in SPILL_RECORD.names)
 
     def finalize(
@@ -223,10 +244,11 @@ class StoreBuilder:
         work = work_url(self.url)
         created = False
         try:
+            self._flush()
             with naming_target(work, self.url):  # errors name the target, not `work`
-                if self._records == 0 or not self._bands:
+                if self._records == 0 or not any(self._spills.values()):
                     raise IngestError("no ratings: the input is empty")
-                if not any(kind == "row" for kind, _ in self._bands):
+                if not self._spills["row"]:
                     raise IngestError(
                         f"all {self._records:,} ratings fell in the held-out split (test fraction "
                         f"{self.test_fraction:g}), none is left to train on; lower the test "
@@ -245,7 +267,7 @@ class StoreBuilder:
                 n_row_tiles = math.ceil(m / tile_rows)
                 n_col_tiles = math.ceil(n / tile_cols)
                 by_user = self.split == "users" and self.test_fraction > 0
-                has_test = by_user or any(k == "test" for k, _ in self._bands)
+                has_test = by_user or bool(self._spills["test"])
                 kinds = ("row", "test") if has_test else ("row",)
                 if not local:  # built in place: bad data must fail before the target is touched
                     spilled = ("row",) if by_user else kinds  # by user: test cut from row spills
@@ -331,18 +353,20 @@ class StoreBuilder:
         tile_cols: int,
         describe: Callable[[int, int, int, int], str] | None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Row (or test) band `band` from its spill files (tile_rows // self.tile_rows of
-        them): duplicates resolved and the band's storage order in one sort; with
+        """Row (or test) band `band` from its spill bands' share of each spill file (one read
+        per file): duplicates resolved and the band's storage order in one sort; with
         split="users" the test share taken here."""
         by_user = self.split == "users" and self.test_fraction > 0
         source_kind = "row" if by_user else kind
-        per = tile_rows // self.tile_rows
-        spilled = [(source_kind, b) for b in range(band * per, (band + 1) * per)
-                   if (source_kind, b) in self._bands]  # fmt: skip
-        if not spilled:
+        per = tile_rows // self.tile_rows  # spill bands
+        parts = []
+        for path, bands, starts in self._spills[source_kind]:
+            lo, hi = starts[np.searchsorted(bands, [band * per, (band + 1) * per])].tolist()
+            if hi > lo:
+                parts.append(self._load(path, lo, hi))
+        if not parts:
             empty = np.zeros(0, np.int64)
             return empty, empty, np.zeros(0, np.float32)
-        parts = [self._load(*key) for key in spilled]
         r, c, v, s = (np.concatenate(arrays) for arrays in zip(*parts, strict=True))
         key = band_order_key(r, c, band * tile_rows, tile_rows, tile_cols)
         r, c, v = resolve_duplicates(r, c, v, s, self.duplicates, describe, key=key)
@@ -353,7 +377,9 @@ class StoreBuilder:
         return r, c, v
 
     def abort(self) -> None:
-        """Drop the spill files (the store itself was not created yet) and the lock."""
+        """Drop the held ratings, the spill files (the store itself was not created yet) and
+        the lock."""
+        self._held.clear()
         shutil.rmtree(self._spill, ignore_errors=True)
         self._lock.release()
 
