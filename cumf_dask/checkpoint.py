@@ -52,7 +52,7 @@ import zarr
 
 from .errors import CumfWarning, StoreError
 from .locks import WriterLock
-from .paths import check_writable, local_path
+from .paths import check_writable, for_zarr, local_path
 from .threads import run as threads_run
 
 MODEL_FORMAT = "cumf-dask-model"
@@ -98,7 +98,7 @@ def chunk_ranges(n_rows: int, rows: int = ROW_CHUNK) -> list[tuple[int, int, int
 def store_rows(where: str, name: str, first: int, block: np.ndarray) -> int:
     """Write `block` as rows first.. (whole chunks) of array `name` of the Zarr group at
     `where` (a path: cheap to ship to a worker); its CRC-32."""
-    zarr.open_array(store=where, path=name, mode="r+")[first : first + len(block)] = block
+    zarr.open_array(store=for_zarr(where), path=name, mode="r+")[first : first + len(block)] = block
     return chunk_crc(block)
 
 
@@ -164,7 +164,7 @@ def write_factors(
             _check_replaceable(path)
         tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
         try:
-            group = zarr.open_group(str(tmp), mode="w")
+            group = zarr.open_group(for_zarr(tmp), mode="w")
             sums = _write_arrays(group, str(tmp), arrays, compute)
             group.update_attributes({**attrs, "digests": sums, "digest": DIGEST,
                                 "chunk_rows": ROW_CHUNK, "complete": True})  # fmt: skip
@@ -184,7 +184,7 @@ def _check_replaceable(path: Path) -> None:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                found = zarr.open_group(str(path), mode="r").attrs.get("format")
+                found = zarr.open_group(for_zarr(path), mode="r").attrs.get("format")
         except Exception:
             found = None
         if found not in (MODEL_FORMAT, CHECKPOINT_FORMAT):
@@ -388,7 +388,7 @@ def _open(path: str | Path, expect_format: str, kind: str) -> tuple[Any, dict]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            group = zarr.open_group(str(where), mode="r")
+            group = zarr.open_group(for_zarr(where), mode="r")
             attrs = dict(group.attrs)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError):
         if where.is_dir() and any(where.iterdir()):

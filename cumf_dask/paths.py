@@ -39,6 +39,13 @@ def is_url(url: str | PathLike[str]) -> bool:
     return "://" in normalize_url(url)
 
 
+def for_zarr(url: str | PathLike[str]) -> str | Path:
+    """A location as zarr is to open it: a URL as it is, a local path as a Path (zarr 3.4
+    parses a string as a URL, so a '?' or '#' in a folder's name would cut the path there)."""
+    text = normalize_url(url)
+    return text if is_url(text) else Path(text)
+
+
 def local_path(path: str | PathLike[str], what: str = "models and checkpoints") -> str:
     """`path` as a local path; a URL is refused (`what` is written by renaming folders)."""
     text = normalize_url(path)

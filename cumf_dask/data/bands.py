@@ -25,7 +25,7 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 from ..compat import import_cupy
 from ..devices import has_cuda
 from ..errors import IngestError, StoreError
-from ..paths import is_url, normalize_url
+from ..paths import for_zarr, is_url, normalize_url
 from .hashing import array_module
 from .integrity import band_record, chunk_crcs
 from .sampling import Array, bin_counts
@@ -67,7 +67,7 @@ def init_store(
         shutil.rmtree(url)
     if m <= 0 or n <= 0:
         raise IngestError(f"{url}: the matrix would be empty ({m} x {n}); there are no ratings")
-    group = zarr.open_group(url, mode="w")
+    group = zarr.open_group(for_zarr(url), mode="w")
     group.update_attributes(
         {
             "format": FORMAT,
@@ -122,7 +122,7 @@ def write_band(
     row_nnz (kind "row") or col_nnz (kind "col"): the slice is exactly one chunk of that array.
     """
     url = normalize_url(url)
-    group = zarr.open_group(url, mode="r+")
+    group = zarr.open_group(for_zarr(url), mode="r+")
     attrs = dict(group.attrs)
     t_major, t_minor, n_major, n_minor = _geometry(attrs, kind)
     base = band * t_major
@@ -180,7 +180,7 @@ def transpose_band(
     either way.
     """
     url = normalize_url(url)
-    store = RatingsStore(url, dict(zarr.open_group(url, mode="r").attrs))
+    store = RatingsStore(url, dict(zarr.open_group(for_zarr(url), mode="r").attrs))
     xp = band_module(use_gpu)
     t_rows = store.tile_rows
     rows, cols, vals = [xp.zeros(0, xp.int64)], [xp.zeros(0, xp.int64)], [xp.zeros(0, xp.float32)]
@@ -206,7 +206,7 @@ def finish_store(
 ) -> RatingsStore:
     """Write band totals, stats, id maps and attrs, then mark the store complete (last write)."""
     url = normalize_url(url)
-    group = zarr.open_group(url, mode="r+")
+    group = zarr.open_group(for_zarr(url), mode="r+")
     attrs = dict(group.attrs)
     nnz = 0
     for kind, summaries, bands in (

@@ -18,6 +18,7 @@ import lzma
 import os
 import re
 import stat
+import warnings
 import zipfile
 import zlib
 from collections import Counter
@@ -307,7 +308,7 @@ def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> 
             stream, header=None, names=list(range(fields)), skiprows=skip, chunksize=chunk_rows,
             **_PARSE, **separator,
         )  # fmt: skip
-        for table in reader:
+        for table in _strict(reader):
             stream.refuse(files.names[k])
             if separator["engine"] == "python":  # it gives a field that a line lacks as None
                 table = table.fillna("")
@@ -694,6 +695,18 @@ def _raw_lines(data: IO[bytes], first: int) -> Iterator[bytes]:
         yield tail
 
 
+def _strict(reader: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """The parser's chunks, its ParserWarning (fields of a line dropped or made up, as the
+    Python engine of some pandas versions warns) raised as an error (:func:`_text_errors`)."""
+    while True:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            table = next(reader, None)
+        if table is None:
+            return
+        yield table
+
+
 @contextmanager
 def _text_errors(files: Files, k: int, spec: TextFormat) -> Iterator[_Lines]:
     """Turn parser and decoding errors into one IngestError naming the file (and the line)."""
@@ -709,6 +722,11 @@ def _text_errors(files: Files, k: int, spec: TextFormat) -> Iterator[_Lines]:
         if lines.stream is not None:  # a NUL byte or a quote that went by is the cause
             lines.stream.refuse(name)
         raise _parse_error(name, str(exc), lines, spec) from None
+    except pd.errors.ParserWarning as exc:
+        if lines.stream is not None:
+            lines.stream.refuse(name)
+        raise IngestError(f"{name}: lines differ in their number of fields ({exc}); fix or "
+                          "remove the line that differs (or check the delimiter)") from None
     except UnicodeDecodeError:
         raise _not_utf8(files, k) from None
 

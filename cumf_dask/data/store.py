@@ -53,7 +53,7 @@ from zarr.codecs import BloscCodec, Crc32cCodec
 
 from ..blocks import Block, block_on_host, coo_to_block, take_rows
 from ..errors import CumfWarning, StoreError
-from ..paths import is_url, normalize_url
+from ..paths import for_zarr, is_url, normalize_url
 from ..threads import run as threads_run
 from . import shards
 from .integrity import (
@@ -196,7 +196,7 @@ class RatingsStore:
         if not is_url(url):
             url = os.path.abspath(url)
         try:
-            group = zarr.open_group(url, mode="r")
+            group = zarr.open_group(for_zarr(url), mode="r")
         except (FileNotFoundError, zarr.errors.GroupNotFoundError):
             raise StoreError(
                 f"{url}: no rating store here (create one with `cumf-dask ingest` or "
@@ -276,7 +276,7 @@ class RatingsStore:
 
     @cached_property
     def _group(self) -> zarr.Group:
-        return zarr.open_group(self.url, mode="r")
+        return zarr.open_group(for_zarr(self.url), mode="r")
 
     def read(self, arrays: list[shards.Request], threads: int = 1) -> list[np.ndarray]:
         """Entries [lo, hi) (hi None: all) of arrays given by their paths in the store, as
