@@ -87,9 +87,10 @@ def test_a_dataframe_whose_names_are_out_of_place_is_refused(tmp_path, kind):
     users, items, ratings = zip(*RECORDS, strict=True)
     df = pd.DataFrame({"movieId": items, "userId": users, "rating": ratings})
     data = df if kind == "pandas" else dd.from_pandas(df, npartitions=2)
-    with pytest.raises(ConfigError, match=r"^the DataFrame's column 'movieId' is at position 0, "
-                       r".* reorder them \(df\[\['userId', 'movieId', 'rating'\]\]\) or rename "
-                       r"them user, item, rating$"):  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^the column 'movieId' is at position 0, .* "
+                       r"when the DataFrame lacks .* reorder them "
+                       r"\(df\[\['userId', 'movieId', 'rating'\]\]\) or rename them user, "
+                       r"item, rating$"):  # fmt: skip
         ingest_input(data, tmp_path / "s.zarr")
     named = df.rename(columns={"movieId": "item", "userId": "user"})
     store = ingest_input(named, tmp_path / "s.zarr", test_fraction=0)

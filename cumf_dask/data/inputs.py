@@ -119,15 +119,11 @@ def _columns(columns: Any) -> tuple[Any, Any, Any]:
     if all(c in names for c in COLUMNS):
         return COLUMNS
     if len(names) == 3:
-        wrong = misplaced(names)
+        wrong = misplaced(names, "the DataFrame")
         if wrong is not None:
-            label, at, example = wrong
-            raise ConfigError(
-                f"the DataFrame's column {label!r} is at position {at}, so its three columns "
-                "(read as user, item, rating in that order when it lacks columns named user, "
-                f"item and rating) would misread it; reorder them (df[{example!r}]) or rename "
-                "them user, item, rating"
-            )
+            problem, example = wrong
+            raise ConfigError(f"{problem}; reorder them (df[{example!r}]) or rename them "
+                              "user, item, rating")  # fmt: skip
         return names[0], names[1], names[2]
     raise ConfigError(
         f"a DataFrame for fit() needs columns {', '.join(COLUMNS)} (or exactly three columns, "

@@ -819,22 +819,19 @@ def default_columns(labels: list[str], where: str) -> tuple[Column, Column, Colu
     column is another one (refused: a silent mis-parse)."""
     if set(_NAMES) <= set(labels):
         return _NAMES
-    wrong = misplaced(labels)
+    wrong = misplaced(labels, "the file")
     if wrong is not None:
-        label, at, example = wrong
-        raise IngestError(
-            f"{where}: the column {label!r} is at position {at}, so the first three "
-            "columns (read as user, item, rating when the file lacks columns named user, item "
-            f"and rating) would misread it; give the columns (--columns {','.join(example)})"
-        )
+        problem, example = wrong
+        raise IngestError(f"{where}: {problem}; give the columns (--columns "
+                          f"{','.join(example)})")  # fmt: skip
     return _FIRST_THREE
 
 
-def misplaced(labels: Sequence[Any]) -> tuple[str, int, list[str]] | None:
+def misplaced(labels: Sequence[Any], subject: str) -> tuple[str, list[str]] | None:
     """A column whose name says it is another one than the first three read it as (a
-    'rating' column second: item ids), as (its name, its position, the user, item and rating
-    columns by name: USER, ITEM, RATING where the names do not say them all); None when
-    there is none."""
+    'rating' column second: item ids), as (the problem, said of `subject`; the user, item
+    and rating columns by name: USER, ITEM, RATING where the names do not say them all);
+    None when there is none."""
     names = [str(label) for label in labels]
     roles = [_ROLES.get(label.lower()) for label in names]
     at = next((i for i, role in enumerate(roles) if role is not None and role != i), None)
@@ -842,7 +839,10 @@ def misplaced(labels: Sequence[Any]) -> tuple[str, int, list[str]] | None:
         return None
     found = {role: label for role, label in zip(roles, names, strict=True) if role is not None}
     example = [found[r] for r in range(3)] if len(found) == 3 else ["USER", "ITEM", "RATING"]
-    return names[at], at, example
+    problem = (f"the column {names[at]!r} is at position {at}, so the first three columns "
+               f"(read as user, item, rating when {subject} lacks columns named user, item and "
+               "rating) would misread it")  # fmt: skip
+    return problem, example
 
 
 # ----------------------------------------------------------------------------- parquet
