@@ -35,6 +35,11 @@ class StoreError(CumfError, ValueError):
     """A rating store, model or checkpoint is missing, damaged, partial, foreign or misused."""
 
 
+class StoreUnreachable(StoreError):
+    """A store at a URL cannot be reached (a lost connection, credentials): not damage, and
+    not a sign that it was replaced."""
+
+
 class IngestError(CumfError, ValueError):
     """An input file or array cannot be turned into a rating store."""
 

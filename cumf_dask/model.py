@@ -413,8 +413,9 @@ class ALS:
         Returns (items, scores) of shape (len(users), k): items in the data's own item ids.
         Other parameters as for :meth:`recommend_indices`.
         """
-        top, scores = self.recommend_indices(self.user_indices(users), k, exclude_seen, store,
-                                             batch)  # fmt: skip
+        indices = self.user_indices(users)
+        top, scores = self.recommend_indices(indices, k, exclude_seen, store, batch)
+        self._warn_cold(indices)
         return self._map("item").ids(top), scores
 
     def recommend_indices(
@@ -442,7 +443,6 @@ class ALS:
         check_number("batch", batch, 1, integer=True)
         users = self._as_indices(users, "user")
         self._check_indices(users, np.zeros(0, np.int64))
-        self._warn_cold(self.user_factors_[users])
         if exclude_seen:
             store = store if store is not None else getattr(self, "_store", None)
             if store is None:
@@ -463,19 +463,21 @@ class ALS:
             return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
         return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
 
-    @staticmethod
-    def _warn_cold(X: np.ndarray) -> None:
-        """A CumfWarning when some of the users ranked (their factor rows `X`) had no
-        training rating: their factors are zero, so every item scores 0 for them and their
-        list is in no meaningful order."""
-        cold = int(np.count_nonzero(~X.any(axis=1))) if X.size else 0
+    def _warn_cold(self, users: np.ndarray) -> None:
+        """A CumfWarning when users given to :meth:`recommend` (dense `users`) have zero
+        factors (no training rating, or only ratings of 0): every item scores 0 for them,
+        so their list is in no meaningful order. Not said in rankings of many users
+        (``evaluate``), whose fit warned of them already."""
+        X, step = self.user_factors_, 1 << 16
+        cold = sum(int(np.count_nonzero(~X[users[lo : lo + step]].any(axis=1)))
+                   for lo in range(0, len(users), step))  # fmt: skip
         if cold:
             warnings.warn(
-                f"{cold:,} of the {len(X):,} users ranked had no training rating (their factors "
-                "are zero): every item scores 0 for them, so their recommendations are in no "
-                "meaningful order",
+                f"{cold:,} of the {len(users):,} users have zero factors (no training rating, "
+                "or only ratings of 0): every item scores 0 for them, so their "
+                "recommendations are in no meaningful order",
                 CumfWarning,
-                stacklevel=4,
+                stacklevel=3,
             )
 
     def _training_store(self) -> RatingsStore:

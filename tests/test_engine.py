@@ -289,8 +289,8 @@ def test_single_rating(tmp_path, client2):
     assert np.isfinite(model.user_factors_).all()
     assert rel_err(model.user_factors_, X) < 1e-4
     assert rel_err(model.item_factors_, T) < 1e-4
-    with pytest.warns(CumfWarning, match=r"^2 of the 3 users ranked had no training rating "
-                      r"\(their factors are zero\): every item scores 0"):  # fmt: skip
+    with pytest.warns(CumfWarning, match=r"^2 of the 3 users have zero factors \(no training "
+                      r"rating, or only ratings of 0\): every item scores 0"):  # fmt: skip
         model.recommend([0, 1, 2], k=1, exclude_seen=False)
     with pytest.raises(ConfigError, match=r"rmse takes a store, or \(users, items, ratings\) "
                        "arrays: got a tuple of 2"):  # fmt: skip

@@ -637,8 +637,9 @@ def test_a_remote_stores_missing_chunk_is_an_error_never_its_fill_value(ratings)
 
 
 def test_a_remote_read_that_fails_is_one_store_error(ratings, monkeypatch):
-    """A chunk read over a URL failing for another reason than a missing file (a lost
-    connection) is one StoreError naming the chunk, not the filesystem's traceback."""
+    """A read over a URL failing for another reason than a missing file (a lost connection,
+    credentials) is one StoreError naming the file, not the filesystem's traceback, nor
+    damage or a store gone (when the store's own metadata cannot be read either)."""
     from fsspec.implementations.memory import MemoryFileSystem
 
     rows, cols, vals = ratings
@@ -657,6 +658,17 @@ def test_a_remote_read_that_fails_is_one_store_error(ratings, monkeypatch):
                        r"read \(ConnectionResetError: connection reset by peer\); check the "
                        "connection"):  # fmt: skip
         store.read_block("row", (0, M), (0, N))
+
+    def down(self, path, *args, **kwargs):  # every read: not 'gone', not damage to rebuild
+        raise PermissionError("access denied")
+
+    store = RatingsStore.open(url)
+    monkeypatch.setattr(MemoryFileSystem, "cat_file", down)
+    for read in (lambda: store.read_block("row", (0, M), (0, N)), lambda: RatingsStore.open(url)):
+        with pytest.raises(StoreError, match=r"^memory://flaky.zarr\S*: cannot be read "
+                           r"\(PermissionError: access denied\); check the "
+                           "connection"):  # fmt: skip
+            read()
 
 
 @pytest.mark.parametrize(

@@ -214,7 +214,7 @@ def _extension(folder: fsspec.core.OpenFile, unit: str) -> str:
     Spark's '_SUCCESS' aside), else the format's: '.parquet' (rows) or '.csv' (lines)."""
     try:
         entries = folder.fs.ls(folder.path, detail=True)
-    except OSError:
+    except Exception:  # only for an example in a message: a remote filesystem's own error too
         entries = []
     found: Counter[str] = Counter()
     for entry in entries:

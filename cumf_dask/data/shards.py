@@ -42,7 +42,7 @@ import google_crc32c
 import numpy as np
 from numcodecs import Blosc, Zstd
 
-from ..errors import StoreError
+from ..errors import StoreError, StoreUnreachable
 from ..paths import is_url
 from ..threads import Job
 from ..threads import run as run_all
@@ -144,7 +144,7 @@ class Layout:
 
     def __init__(self, path: str):
         try:
-            meta = json.loads(_whole(os.path.join(path, "zarr.json")))
+            meta = json.loads(whole(os.path.join(path, "zarr.json")))
         except FileNotFoundError:
             raise _damaged(path, "the array's metadata (zarr.json) is missing") from None
         except (OSError, ValueError) as exc:
@@ -417,17 +417,18 @@ def _read(path: str, offset: int, length: int) -> bytes:
         os.close(fd)
 
 
-def _whole(path: str) -> bytes:
+def whole(path: str) -> bytes:
     """A whole (metadata) file, local or behind a URL; a missing one is FileNotFoundError,
-    one that cannot be read another OSError."""
+    a local one that cannot be read another OSError, a URL that cannot be reached
+    StoreUnreachable."""
     if is_url(path):
         fs, where = fsspec.core.url_to_fs(path)
         try:
             return bytes(fs.cat_file(where))
-        except OSError:  # FileNotFoundError among them
+        except FileNotFoundError:
             raise
-        except Exception as exc:  # a filesystem's own error type (a lost connection)
-            raise OSError(f"{type(exc).__name__}: {exc}") from None
+        except Exception as exc:
+            raise unreachable(path, exc) from None
     with open(path, "rb") as fh:
         return fh.read()
 
@@ -444,9 +445,16 @@ def _remote_errors(path: str) -> Iterator[None]:
         yield
     except FileNotFoundError:
         raise _missing(path) from None
+    except StoreError:
+        raise
     except Exception as exc:
-        raise StoreError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); check the "
-                         "connection and credentials, then run again") from None  # fmt: skip
+        raise unreachable(path, exc) from None
+
+
+def unreachable(path: str, exc: BaseException) -> StoreUnreachable:
+    """The error of a URL's read that failed for another reason than a missing file."""
+    return StoreUnreachable(f"{path}: cannot be read ({type(exc).__name__}: {exc}); check the "
+                            "connection and credentials, then run again")  # fmt: skip
 
 
 @lru_cache(maxsize=4096)
@@ -552,9 +560,12 @@ class Reading:
 
 @contextmanager
 def _reported(on_error: Callable[[], None] | None) -> Iterator[None]:
-    """Call `on_error` before a StoreError goes on (it may raise a truer one instead)."""
+    """Call `on_error` before a StoreError goes on (it may raise a truer one instead); a
+    store out of reach is that, whatever `on_error` would find."""
     try:
         yield
+    except StoreUnreachable:
+        raise
     except StoreError:
         if on_error is not None:
             on_error()
@@ -609,4 +620,4 @@ def read(requests: Sequence[Request], threads: int = 1) -> list[np.ndarray]:
 
 
 __all__ = ["HOST", "HOST_BANDS", "Expect", "HostTarget", "Reading", "Request", "Target",
-           "Unsupported", "layout", "read", "start", "supported"]
+           "Unsupported", "layout", "read", "start", "supported", "unreachable", "whole"]

@@ -41,18 +41,16 @@ import os
 import socket
 import warnings
 from collections.abc import Iterator
-from contextlib import suppress
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, Literal
 
-import fsspec
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
 
 from ..blocks import Block, block_on_host, coo_to_block, take_rows
-from ..errors import CumfWarning, StoreError
+from ..errors import CumfWarning, StoreError, StoreUnreachable
 from ..paths import for_zarr, is_url, normalize_url
 from ..threads import run as threads_run
 from . import shards
@@ -203,6 +201,8 @@ class RatingsStore:
                 "`cumf-dask generate`)"
             ) from None
         except Exception as exc:
+            if is_url(url):
+                raise shards.unreachable(url, exc) from None
             raise StoreError(f"{url}: not a readable Zarr v3 group ({exc})") from None
         attrs = dict(group.attrs)
         fmt = attrs.get("format")
@@ -350,13 +350,13 @@ class RatingsStore:
         goes to the client pickled with its context, and zarr's errors do not unpickle (the
         client would get a bare Exception)."""
         build, readable = None, False
-        with suppress(Exception):
-            if is_url(self.url):
-                fs, path = fsspec.core.url_to_fs(self.url)
-                meta = fs.cat_file(f"{path}/zarr.json")
-            else:
-                meta = Path(self.url, "zarr.json").read_bytes()
+        try:
+            meta = shards.whole(os.path.join(self.url, "zarr.json"))
             build, readable = (json.loads(meta).get("attributes") or {}).get("build"), True
+        except StoreUnreachable:  # a URL out of reach: that, not a store gone
+            raise
+        except (OSError, ValueError, AttributeError):  # gone, or cut short
+            pass
         if not readable and self.url not in _ROOTS_READ and _in_worker():
             raise StoreError(
                 f"{self.url}: this worker (host {socket.gethostname()}, folder {os.getcwd()}) "
@@ -548,6 +548,8 @@ class RatingsStore:
         """:meth:`checked_band` of each band; a remote store's on `threads` threads at once
         (a round trip each)."""
         checked: list[Any] = [None] * len(bands)
+        if bands and self.attrs.get("complete"):
+            self.band_nnz(orient, split)  # read once, not by each thread
 
         def check(k: int, band: int) -> None:
             checked[k] = self.checked_band(orient, split, band)

@@ -323,6 +323,8 @@ class ImplicitALS(ALS):
             items=None if items is None else ids.items(items), user_items=user_items,
             recalculate_user=recalculate_user, store=store, batch=batch,
         )  # fmt: skip
+        if not recalculate_user:
+            self._warn_cold(users)
         return ids.item_ids(top), scores
 
     def recommend_indices(  # type: ignore[override]
@@ -357,7 +359,6 @@ class ImplicitALS(ALS):
             X = self._fold_in(given, batch)
         else:
             X = self.user_factors_[users]
-        self._warn_cold(X)
         chunks = [(lo, min(lo + batch, len(users))) for lo in range(0, len(users), batch)]
         if filter_already_liked_items and given is None and chunks:
             store = self._seen_store(store)
