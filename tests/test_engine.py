@@ -292,6 +292,7 @@ def test_single_rating(tmp_path, client2):
     with pytest.warns(CumfWarning, match=r"^2 of the 3 users have zero factors \(no training "
                       r"rating, or only ratings of 0\): every item scores 0"):  # fmt: skip
         model.recommend([0, 1, 2], k=1, exclude_seen=False)
+    model.recommend_indices([0, 1, 2], k=1, exclude_seen=False)  # evaluate's: no warning
     with pytest.raises(ConfigError, match=r"rmse takes a store, or \(users, items, ratings\) "
                        "arrays: got a tuple of 2"):  # fmt: skip
         model.rmse(([2], [1]))
