@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from functools import lru_cache
+from functools import lru_cache, partial
+from typing import Any, TypeVar
 
 Job = Callable[[], None]
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def run(jobs: Sequence[Job], threads: int, use: str = "io") -> None:
@@ -24,6 +27,18 @@ def run(jobs: Sequence[Job], threads: int, use: str = "io") -> None:
     wait(futures)
     for future in futures:
         future.result()
+
+
+def gather(fn: Callable[[T], R], items: Sequence[T], threads: int, use: str = "io") -> list[R]:
+    """fn(item) of each item, in order, run as :func:`run` runs jobs (here when one thread:
+    callers pass 1 where the work is local, and several where each item waits on a URL)."""
+    out: list[Any] = [None] * len(items)
+
+    def one(k: int, item: T) -> None:
+        out[k] = fn(item)
+
+    run([partial(one, k, item) for k, item in enumerate(items)], threads, use)
+    return out
 
 
 def start(jobs: Sequence[Job], threads: int) -> list[Future]:

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import StoreError
 from ..paths import is_url
-from ..threads import run
+from ..threads import gather
 from .shards import Expect, Layout
 
 if TYPE_CHECKING:
@@ -57,20 +57,15 @@ def band_record(
     """The attrs of the band group `path` of store `url`, written after its arrays: which
     band it is, of which build, and the crc32c of each chunk of each array (a remote
     store's arrays read back at once)."""
-    crcs: dict[str, list[int | None] | None] = {}
-
-    def record(name: str) -> None:
-        crcs[name] = chunk_crcs(os.path.join(url, path, name))
-
-    jobs = [partial(record, name) for name in BAND_ARRAYS]
-    run(jobs, len(jobs) if is_url(url) else 1, use="band-records")
+    crcs = gather(lambda name: chunk_crcs(os.path.join(url, path, name)), BAND_ARRAYS,
+                  len(BAND_ARRAYS) if is_url(url) else 1, use="band-records")  # fmt: skip
     return {
         "kind": "test" if kind == "test" else "train",
         "axis": "col" if kind == "col" else "row",
         "band": int(band),
         "nnz": int(nnz),
         "build": build,
-        "crc32c": {name: crcs[name] for name in BAND_ARRAYS},
+        "crc32c": dict(zip(BAND_ARRAYS, crcs, strict=True)),
     }
 
 

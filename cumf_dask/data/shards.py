@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any, Protocol
 
 import fsspec
@@ -44,8 +44,7 @@ from numcodecs import Blosc, Zstd
 
 from ..errors import StoreError, StoreUnreachable
 from ..paths import is_url
-from ..threads import Job
-from ..threads import run as run_all
+from ..threads import Job, gather
 from ..threads import start as submit
 
 _MISSING = np.uint64(2**64 - 1)  # a shard index entry of a chunk that was never written
@@ -209,14 +208,8 @@ class Layout:
                 continue
             for offset, length in index[: -(-min(self.outer, self.size - start) // self.inner)]:
                 places.append(None if offset == _MISSING else (path, offset + length - 4))
-        crcs: list[int | None] = [None] * len(places)
-
-        def fetch(k: int, path: str, offset: int) -> None:
-            crcs[k] = _crc_at(path, offset)
-
-        jobs = [partial(fetch, k, *place) for k, place in enumerate(places) if place]
-        run_all(jobs, REMOTE_REQUESTS if self._remote else 1, use="metadata")
-        return crcs
+        return gather(lambda place: None if place is None else _crc_at(*place), places,
+                      REMOTE_REQUESTS if self._remote else 1, use="metadata")  # fmt: skip
 
     def _file(self, k: int) -> str:
         return os.path.join(self.path, *f"c{self.sep}{k}".split("/"))
@@ -581,9 +574,8 @@ def start(
     order; returns at once. `on_error` is called before any StoreError of the reading is
     raised (the store checks there whether it was replaced meanwhile), `after` once the
     last array is decoded, before it is handed over."""
-    checked: list[Any] = [None] * len(requests)
-
-    def prepare(k: int, path: str, lo: int, hi: int | None, *rest: Expect | None) -> None:
+    def prepare(request: Request) -> tuple[Layout, int, int, Expect | None]:
+        path, lo, hi, *rest = request
         expect = rest[0] if rest else None
         lay = layout(path)
         _check_expected(lay, expect)
@@ -591,12 +583,11 @@ def start(
         if not 0 <= lo <= stop <= lay.size:
             raise _damaged(path, f"entries [{lo}, {stop}) asked of an array of {lay.size}")
         lay.prefetch(lo, stop)
-        checked[k] = (lay, lo, stop, expect)
+        return lay, lo, stop, expect
 
     remote = any(is_url(request[0]) for request in requests)
     with _reported(on_error):  # a remote reading's metadata fetched concurrently
-        run_all([partial(prepare, k, *r) for k, r in enumerate(requests)],
-                threads if remote else 1, use="metadata")  # fmt: skip
+        checked = gather(prepare, requests, threads if remote else 1, use="metadata")
     return Reading(checked, threads, target, on_error, after)
 
 

@@ -41,7 +41,7 @@ import os
 import socket
 import warnings
 from collections.abc import Iterator
-from functools import cached_property, partial
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,7 +52,7 @@ from zarr.codecs import BloscCodec, Crc32cCodec
 from ..blocks import Block, block_on_host, coo_to_block, take_rows
 from ..errors import CumfWarning, StoreError, StoreUnreachable
 from ..paths import for_zarr, is_url, normalize_url
-from ..threads import run as threads_run
+from ..threads import gather
 from . import shards
 from .integrity import (
     IDS_FIX,
@@ -547,16 +547,10 @@ class RatingsStore:
     ) -> list[tuple[str, int | None, dict[str, Any]]]:
         """:meth:`checked_band` of each band; a remote store's on `threads` threads at once
         (a round trip each)."""
-        checked: list[Any] = [None] * len(bands)
         if bands and self.attrs.get("complete"):
             self.band_nnz(orient, split)  # read once, not by each thread
-
-        def check(k: int, band: int) -> None:
-            checked[k] = self.checked_band(orient, split, band)
-
-        jobs = [partial(check, k, band) for k, band in enumerate(bands)]
-        threads_run(jobs, threads if is_url(self.url) else 1, use="band-checks")
-        return checked
+        return gather(lambda band: self.checked_band(orient, split, band), bands,
+                      threads if is_url(self.url) else 1, use="band-checks")  # fmt: skip
 
     def band_size(self, orient: Orientation, split: Split, band: int) -> int | None:
         """Ratings in one band (its band_nnz; None while the store is being built, before
