@@ -308,9 +308,10 @@ def _read_text_file(files: Files, k: int, spec: TextFormat, chunk_rows: int) -> 
             stream, header=None, names=list(range(fields)), skiprows=skip, chunksize=chunk_rows,
             **_PARSE, **separator,
         )  # fmt: skip
-        for table in _strict(reader):
+        python = separator["engine"] == "python"
+        for table in _strict(reader) if python else reader:
             stream.refuse(files.names[k])
-            if separator["engine"] == "python":  # it gives a field that a line lacks as None
+            if python:  # it gives a field that a line lacks as None
                 table = table.fillna("")
             seq = lines.number(table)
             blank = stream.blank_lines(lines.line - 1)
@@ -696,8 +697,10 @@ def _raw_lines(data: IO[bytes], first: int) -> Iterator[bytes]:
 
 
 def _strict(reader: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """The parser's chunks, its ParserWarning (fields of a line dropped or made up, as the
-    Python engine of some pandas versions warns) raised as an error (:func:`_text_errors`)."""
+    """The Python engine's chunks, its ParserWarning raised as an error (:func:`_text_errors`):
+    before pandas 3.1 it drops a line's extra fields with a warning ("loss of data with
+    index_col=False"). Only that engine: catch_warnings changes the process's filters,
+    which other threads share, for the time a chunk is parsed."""
     while True:
         with warnings.catch_warnings():
             warnings.simplefilter("error", pd.errors.ParserWarning)
