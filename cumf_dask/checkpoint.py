@@ -50,7 +50,7 @@ import dask
 import numpy as np
 import zarr
 
-from .errors import CumfWarning, StoreError
+from .errors import StoreError, warn
 from .locks import WriterLock
 from .paths import check_writable, for_zarr, local_path
 from .threads import run as threads_run
@@ -233,8 +233,7 @@ def _settle_leftovers(path: Path) -> None:
             notes.append(f"put {best.name} back in its place")
     notes += [_remove(p) for p in found]
     if notes:
-        warnings.warn(f"{path}: an interrupted save left folders beside it: {'; '.join(notes)}",
-                      CumfWarning, stacklevel=3)  # fmt: skip
+        warn(f"{path}: an interrupted save left folders beside it: {'; '.join(notes)}")
 
 
 def _remove(path: Path) -> str:
@@ -638,8 +637,8 @@ class Checkpointer:
             left = [p for p in self._entries() if LEFTOVER.fullmatch(p.name)]
             removed = [_remove(p) for p in left]
             if removed:
-                warnings.warn(f"{self.directory}: a killed checkpoint write left: "
-                              f"{'; '.join(removed)}", CumfWarning, stacklevel=3)  # fmt: skip
+                warn(f"{self.directory}: a killed checkpoint write left: "
+                     f"{'; '.join(removed)}")  # fmt: skip
             yield
 
     def _entries(self) -> list[Path]:
@@ -752,8 +751,8 @@ class Checkpointer:
         if pointer is None and not names:
             return None
         if pointer is not None and pointer not in names:
-            warnings.warn(f"{self.directory}/LATEST names {pointer[:40]!r}, not a checkpoint "
-                          "there; trying the newest one", CumfWarning, stacklevel=2)  # fmt: skip
+            warn(f"{self.directory}/LATEST names {pointer[:40]!r}, not a checkpoint "
+                 "there; trying the newest one")  # fmt: skip
             pointer = None
         if pointer is not None:
             names = [pointer] + [n for n in names if n < pointer]
@@ -765,12 +764,8 @@ class Checkpointer:
                 problems.append(str(exc))
                 continue
             if problems:
-                warnings.warn(
-                    f"skipped {len(problems)} damaged checkpoint(s), resuming from {name}: "
-                    + " | ".join(problems),
-                    CumfWarning,
-                    stacklevel=2,
-                )
+                warn(f"skipped {len(problems)} damaged checkpoint(s), resuming from {name}: "
+                     + " | ".join(problems))
             return attrs["iteration"], attrs, arrays
         raise StoreError(
             f"{self.directory}: no intact checkpoint to resume from ("

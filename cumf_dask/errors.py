@@ -9,6 +9,9 @@ skipped, leftovers removed, a lost worker replaced); the CLI prints it on stderr
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -27,8 +30,9 @@ class ConfigError(CumfError, ValueError):
     """A config key or an argument is missing, unknown, of the wrong type or out of range."""
 
 
-class NotFittedError(CumfError, ValueError):
-    """The model is used before ``fit`` or ``ALS.load`` gave it factors (as scikit-learn's)."""
+class NotFittedError(CumfError, ValueError, AttributeError):
+    """The model is used before ``fit`` or ``ALS.load`` gave it factors (as scikit-learn's,
+    also an AttributeError: ``hasattr(model, "user_factors")`` is False until then)."""
 
 
 class StoreError(CumfError, ValueError):
@@ -72,6 +76,19 @@ class ClusterClosing(CumfError, RuntimeError):
 
 class CumfWarning(UserWarning):
     """A problem cumf-dask handled on its own and that the user should still know of."""
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def warn(message: str) -> None:
+    """A CumfWarning attributed to the first caller outside cumf-dask: the user's line, so
+    the warning points at their call, and Python's once-per-location rule tells their calls
+    apart (a library line would show each warning once for all of them)."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, CumfWarning, stacklevel=level)
 
 
 CUDA_OUT_OF_MEMORY = 2  # cudaErrorMemoryAllocation (runtime), CUDA_ERROR_OUT_OF_MEMORY (driver)

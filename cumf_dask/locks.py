@@ -12,26 +12,30 @@ Locks exclude processes and threads: a thread may take a lock it already holds a
 lock; another thread of the same process is refused like another process. Remote (fsspec
 URL) targets are not locked: object stores have no exclusive create that works everywhere.
 
-The same owner records mark temporary folders (ingest's spill folders) so that the next run
-can tell a dead run's leftovers from a live run's files (:func:`owner_is_dead`).
+The same owner records mark temporary folders (ingest's spill folders, the stores of fits on
+in-memory data) so that the next run can tell a dead run's leftovers from a live run's files
+(:func:`owned_folder`, :func:`clear_dead_folders`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 import uuid
-import warnings
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from .errors import CumfWarning, StoreError
+from .errors import StoreError, warn
 from .paths import check_writable, is_url, normalize_url
 
+OWNER = "owner.json"  # an owned folder's owner record
 _TOKEN = uuid.uuid4().hex  # this process's token (a forked child gets a new pid, not a token)
 _HELD: dict[str, list[int]] = {}  # lock path -> [the thread holding it, times it took it]
 _THREADS = threading.Lock()  # guards _HELD and the lock files' creation and removal
@@ -89,6 +93,47 @@ def read_owner(path: Path) -> dict[str, Any] | None:
 
 def _ours(owner: dict[str, Any]) -> bool:
     return owner.get("token") == _TOKEN and owner.get("pid") == os.getpid()
+
+
+def owned_folder(prefix: str, parent: str | None = None) -> Path:
+    """A fresh folder named `prefix`<pid>-... in `parent` (default: the temp folder) with
+    this process's owner record in it."""
+    path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+    (path / OWNER).write_text(json.dumps(owner_record()))
+    return path
+
+
+def clear_dead_folders(prefix: str, what: str, parent: str | None = None) -> None:
+    """Remove the folders `prefix`* in `parent` whose owner died (a killed run's), saying
+    so: "removed N `what` in <parent> (MB): names".
+
+    Folders of live owners, of other hosts, or without an owner record are left alone.
+    Two runs starting together may clear the same folder: what the other removed first
+    is skipped, never an error.
+    """
+    root = Path(parent or tempfile.gettempdir())
+    removed, total = [], 0
+    for folder in root.glob(f"{prefix}*"):
+        owner = read_owner(folder / OWNER)
+        if owner is None or not owner_is_dead(owner):
+            continue
+        total += _bytes_under(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder.name)
+    if removed:
+        warn(f"removed {len(removed)} {what} in {root} ({total / 1e6:,.1f} MB): "
+             f"{', '.join(removed)}")
+
+
+def _bytes_under(folder: Path) -> int:
+    """Bytes of the files under `folder`; what vanishes meanwhile counts nothing (another
+    run starting now may be clearing the same dead folder)."""
+    total = 0
+    for parent, _, files in os.walk(folder):  # a folder removed meanwhile lists nothing
+        for name in files:
+            with suppress(OSError):
+                total += os.stat(os.path.join(parent, name)).st_size
+    return total
 
 
 def lock_path(target: str | os.PathLike[str]) -> Path:
@@ -224,8 +269,7 @@ class WriterLock:
                     if stale is not None
                     else "a writer killed before it named itself (the lock file is empty)"
                 )
-                warnings.warn(f"{self.target}: took over the lock left by {who}", CumfWarning,
-                              stacklevel=4)  # fmt: skip
+                warn(f"{self.target}: took over the lock left by {who}")
         finally:
             guard.unlink(missing_ok=True)
 

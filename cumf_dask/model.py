@@ -17,8 +17,6 @@ from __future__ import annotations
 import inspect
 import os
 import shutil
-import tempfile
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,12 +32,13 @@ from .checks import check_choice, check_number
 from .config import ClusterConfig, PlanConfig, check_plan_config
 from .data.store import RatingsStore
 from .engine import tasks
-from .engine.cluster import backend_on, cluster_client
+from .engine.cluster import backend_on, check_client, cluster_client
 from .engine.fit import ALSParams, fit, ratings_digest, same_ratings
 from .engine.plan import Plan, check_gpu_factors
 from .engine.session import Session
-from .errors import ConfigError, CumfWarning, NotFittedError, StoreError
+from .errors import ConfigError, NotFittedError, StoreError, warn
 from .ids import IdMap
+from .locks import clear_dead_folders, owned_folder
 from .paths import is_url
 from .records import model_path
 
@@ -141,6 +140,7 @@ class ALS:
             last = self.metrics_[-1] if self.metrics_ else {}
             if "test_rmse" in last:
                 extra += f", test RMSE {last['test_rmse']:.4f}"
+            extra += self._fitted_with_note()
         return (
             f"ALS(factors={self.factors}, regularization={self.regularization}, "
             f"iterations={self.iterations}, backend={self.backend!r}{extra})"
@@ -161,6 +161,18 @@ class ALS:
         for name, value in params.items():
             setattr(self, name, value)
         return self
+
+    def _fitted_params(self) -> ALSParams:
+        """The hyper-parameters the factors were fitted with: set_params after a fit sets
+        the next fit's, and save, fold-in and repr keep to these."""
+        return getattr(self, "_fitted_with", None) or self._params()
+
+    def _fitted_with_note(self) -> str:
+        """For repr: the fitted values of parameters set since the fit, else nothing."""
+        names = self._param_names()
+        changed = [f"{k}={v!r}" for k, v in self._fitted_params().settings().items()
+                   if k in names and getattr(self, k) != v]  # fmt: skip
+        return f" (fitted with {', '.join(changed)})" if changed else ""
 
     @classmethod
     def _param_names(cls) -> list[str]:
@@ -215,11 +227,8 @@ class ALS:
             Continue from the last checkpoint in ``checkpoint_dir``.
         """
         self._check_params()
-        if client is not None and client.status != "running":
-            raise ConfigError(
-                f"fit(client=...): the client is {client.status}, not running; pass an open "
-                "client, or none to start a local cluster"
-            )
+        if client is not None:
+            check_client(client, "fit")
         store, tmp = self._as_store(data, client)
         try:
             self._check_store(store)
@@ -255,6 +264,11 @@ class ALS:
                     f"{type(self.plan).__name__}: e.g. plan=PlanConfig(p=2)"
                 )
             check_plan_config(self.plan)  # as a config file's plan section is checked
+        if not isinstance(self.evaluate, (bool, np.bool_)):
+            raise ConfigError(f"'evaluate' must be True or False, got {self.evaluate!r}")
+        if self.progress is not None and not callable(self.progress):
+            raise ConfigError(f"progress must be None or a callable progress(stage, done, "
+                              f"total); got {self.progress!r}")  # fmt: skip
         bad = [c for c in self._callbacks() if not callable(c)]
         if bad:
             raise ConfigError(f"callbacks must be callables (each takes the iteration's "
@@ -298,6 +312,7 @@ class ALS:
             checkpoint_dir=self.checkpoint_dir, resume=resume, callbacks=self._callbacks(),
             progress=self.progress,
         )  # fmt: skip
+        self._fitted_with = params
         self.plan_: Plan = result.plan
         self.metrics_: list[dict[str, Any]] = result.metrics
         self.iterations_done_ = result.iterations_done
@@ -313,9 +328,10 @@ class ALS:
 
     # ------------------------------------------------------------------ factors
     def _live_session(self) -> Session | None:
-        """The fit's factors on its cluster, while its client is open."""
+        """The fit's factors on its cluster, while its client is open, its workers hold
+        them and there is a worker to run on (else the host copy serves)."""
         session = getattr(self, "_session", None)
-        return session if session is not None and session.is_open else None
+        return session if session is not None and session.is_usable else None
 
     @property
     def _fitted(self) -> bool:
@@ -330,8 +346,9 @@ class ALS:
         self._check_fitted()
         if not self._live_session():
             raise NotFittedError(
-                "factors live on a cluster only after fit(client=...) with a client that is "
-                "still open; use user_factors_ and item_factors_ here"
+                "factors live on a cluster only after fit(client=...), while that client is "
+                "open and its workers hold them (a restart or scaling to no workers lets them "
+                "go); use user_factors_ and item_factors_ here"
             )
         return self._session.factors_as_dask()  # type: ignore[union-attr]
 
@@ -472,13 +489,9 @@ class ALS:
         cold = sum(int(np.count_nonzero(~X[users[lo : lo + step]].any(axis=1)))
                    for lo in range(0, len(users), step))  # fmt: skip
         if cold:
-            warnings.warn(
-                f"{cold:,} of the {len(users):,} users have zero factors (no training rating, "
-                "or only ratings of 0): every item scores 0 for them, so their "
-                "recommendations are in no meaningful order",
-                CumfWarning,
-                stacklevel=3,
-            )
+            warn(f"{cold:,} of the {len(users):,} users have zero factors (no training rating, "
+                 "or only ratings of 0): every item scores 0 for them, so their "
+                 "recommendations are in no meaningful order")
 
     def _training_store(self) -> RatingsStore:
         """The store the model records it was trained on (for the items each user has
@@ -511,11 +524,7 @@ class ALS:
         k = int(k) if isinstance(k, np.integer) else k
         check_number("k", k, 1, integer=True)
         if k > n:
-            warnings.warn(
-                f"k={k} is more than the {n:,} {noun}: returning {n:,} per {per}",
-                CumfWarning,
-                stacklevel=3,
-            )
+            warn(f"k={k} is more than the {n:,} {noun}: returning {n:,} per {per}")
         return min(k, n)
 
     @staticmethod
@@ -579,8 +588,7 @@ class ALS:
             why = (f"{store.url} holds other ratings than {where} (then {then}, here {now}): "
                    "if it splits the same data otherwise, its held-out ratings may include "
                    "ones the model trained on and its test scores look better than they are")
-        warnings.warn(f"{why}; RMSE and seen items come from what it holds", CumfWarning,
-                      stacklevel=4)  # fmt: skip
+        warn(f"{why}; RMSE and seen items come from what it holds")
 
     def _check_indices(self, users: np.ndarray, items: np.ndarray) -> None:
         self._check_fitted()
@@ -605,7 +613,7 @@ class ALS:
             "item_ids": self.item_ids_,
         }
         attrs = {
-            **self._params().settings(),
+            **self._fitted_params().settings(),
             "m": self.shape_[0],
             "n": self.shape_[1],
             "metrics": self.metrics_,
@@ -646,6 +654,7 @@ class ALS:
         elif kind != "implicit" and getattr(cls, "implicit", False):
             raise StoreError(f"{path}: an explicit model; load it with ALS.load")
         model = cls(**cls._init_from(attrs), backend="numpy")
+        model._fitted_with = model._params()
         model.user_factors_ = arrays["user_factors"]
         model.item_factors_ = arrays["item_factors"]
         model.shape_ = (int(attrs["m"]), int(attrs["n"]))
@@ -663,8 +672,11 @@ class _TempFolder:
     holds it: removed by cleanup() or when the model lets go of it (collected, or refitted),
     quietly: TemporaryDirectory warns (ResourceWarning) at the latter, the normal case here."""
 
+    PREFIX = "cumf-fit-"
+
     def __init__(self) -> None:
-        self.name = tempfile.mkdtemp(prefix="cumf-fit-")
+        clear_dead_folders(self.PREFIX, "store folder(s) of killed fits on in-memory data")
+        self.name = str(owned_folder(self.PREFIX))
         self._remove = weakref.finalize(self, shutil.rmtree, self.name, ignore_errors=True)
 
     def cleanup(self) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 import time
-import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
@@ -25,7 +24,7 @@ from .engine.cluster import (
     worker_addresses,
 )
 from .engine.plan import Plan, make_plan
-from .errors import ConfigError, CumfWarning, IngestError, StoreError
+from .errors import ConfigError, IngestError, StoreError, warn
 from .model import ALS
 from .paths import check_writable, is_url, normalize_url
 from .records import RunFolder, runs_dir, warm_plotting
@@ -605,10 +604,6 @@ def _plot(run: RunFolder, metrics: list[dict[str, Any]], title: str) -> Path | N
     try:
         return run.plot(metrics, title)
     except OSError as exc:
-        warnings.warn(
-            f"{run.path}: the plot was not written ({exc.strerror or exc}); the model is "
-            "saved and every iteration's metrics are in metrics.jsonl",
-            CumfWarning,
-            stacklevel=2,
-        )
+        warn(f"{run.path}: the plot was not written ({exc.strerror or exc}); the model is "
+             "saved and every iteration's metrics are in metrics.jsonl")
         return None

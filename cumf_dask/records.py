@@ -18,7 +18,6 @@ import shutil
 import threading
 import time
 import uuid
-import warnings
 from contextlib import AbstractContextManager, suppress
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import yaml
 from .checkpoint import MODEL_FORMAT, interrupted_copies
 from .config import Config, load_config
 from .engine.plan import Plan
-from .errors import ConfigError, CumfWarning, StoreError
+from .errors import ConfigError, StoreError, warn
 from .paths import disk_full_as, local_path
 
 STAMP = r"-\d{8}-\d{6}(-\d+)?"  # a run folder's name: <output.name><STAMP>
@@ -241,13 +240,9 @@ def link_latest(run: Path, link: Path) -> bool:
     when no link was made: `link` is something else (kept, with a CumfWarning), or this
     file system has no symlinks."""
     if link.exists() and not link.is_symlink():
-        warnings.warn(
-            f"{link} is not a link (a copy of a run? `cp -rL` copies links as folders), so it "
-            f"does not name this run and keeps naming an older model; remove it to have it "
-            "follow the newest run again",
-            CumfWarning,
-            stacklevel=3,
-        )
+        warn(f"{link} is not a link (a copy of a run? `cp -rL` copies links as folders), so it "
+             f"does not name this run and keeps naming an older model; remove it to have it "
+             "follow the newest run again")
         return False
     tmp = link.with_name(f".{link.name}-{uuid.uuid4().hex[:8]}")
     try:

@@ -235,12 +235,15 @@ def test_workers_do_not_log_the_tracebacks_of_the_fits_own_errors():
     from cumf_dask.engine.cluster import RaisedByTheFit
     from cumf_dask.errors import HostMemoryError, StoreError
 
-    def record(exc: Exception) -> logging.LogRecord:
-        return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 0,
-                                 "Compute Failed\nKey: %s\nState: %s\nTask: %s\nException: %s",
-                                 ("key", "executing", "task", repr(exc)), None)  # fmt: skip
+    def record(exc: Exception, where: str = "cumf_dask/engine/tasks.py") -> logging.LogRecord:
+        return logging.LogRecord(
+            "distributed.worker", logging.ERROR, __file__, 0,
+            "Compute Failed\nKey: %s\nState: %s\nTask: %s\nException: %r\nTraceback: %r\n",
+            ("key", "executing", "task", repr(exc), f'  File "{where}", line 1'), None,
+        )  # fmt: skip
 
     kept = RaisedByTheFit().filter
     assert not kept(record(HostMemoryError("locking 8 bytes")))
     assert not kept(record(StoreError("damaged store")))
     assert kept(record(ValueError("a bug")))
+    assert kept(record(StoreError("a user's own, by that name"), "/home/me/job.py"))

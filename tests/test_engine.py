@@ -423,7 +423,10 @@ def _in_a_thread(call) -> None:
 
 def test_blas_runs_one_thread_during_a_fit_only(stores, client2):
     """The workers, threads of this process here, pin BLAS to one thread while they fit;
-    this process's own BLAS threads are as they were afterwards."""
+    this process's own BLAS threads, and the workers' logger, are as they were afterwards."""
+    import logging
+
+    filters = list(logging.getLogger("distributed.worker").filters)
     seen, limits = [], []
 
     def during(record: dict) -> None:
@@ -438,6 +441,7 @@ def test_blas_runs_one_thread_during_a_fit_only(stores, client2):
         _in_a_thread(limits[0].restore_original_limits)
     assert max(before) == 2 and after == before
     assert seen and set(seen) == {1}
+    assert logging.getLogger("distributed.worker").filters == filters
 
 
 def test_blas_pin_is_restored_whichever_thread_lets_it_go():
@@ -445,13 +449,13 @@ def test_blas_pin_is_restored_whichever_thread_lets_it_go():
     in either order): the limit comes off however the holders go, and the caller's own
     threadpoolctl limits work afterwards (threadpoolctl 3.8 lets only the thread that set
     OpenBLAS's limit change it)."""
-    from cumf_dask.engine.cluster import _ProcessBlasPin
+    from cumf_dask.engine.cluster import _ProcessSetup
 
-    pin, limits = _ProcessBlasPin(), []
+    pin, limits = _ProcessSetup(), []
     pinned, done = threading.Event(), threading.Event()
 
     def first_holder() -> None:  # a worker's thread: it lives on after its pin
-        pin.pin(1)
+        pin.hold(1)
         pinned.set()
         done.wait()
 
@@ -461,11 +465,11 @@ def test_blas_pin_is_restored_whichever_thread_lets_it_go():
         before = _blas_threads()
         holder.start()
         pinned.wait()
-        _in_a_thread(lambda: pin.pin(1))  # a second holder, from another thread
+        _in_a_thread(lambda: pin.hold(1))  # a second holder, from another thread
         assert set(_blas_threads()) == {1}
-        _in_a_thread(pin.unpin)
+        _in_a_thread(pin.release)
         assert set(_blas_threads()) == {1}
-        _in_a_thread(pin.unpin)  # the last, from neither of the threads that pinned
+        _in_a_thread(pin.release)  # the last, from neither of the threads that pinned
         assert max(before) == 2 and _blas_threads() == before
     finally:
         done.set()

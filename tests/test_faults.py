@@ -32,7 +32,7 @@ import zarr
 from conftest import BACKENDS, random_ratings
 
 from cumf_dask import checkpoint as ck
-from cumf_dask import paths
+from cumf_dask import locks, paths
 from cumf_dask.backend.numpy_backend import NumpyBackend
 from cumf_dask.cli import main
 from cumf_dask.config import ClusterConfig, HalfStepConfig, PlanConfig, load_config
@@ -55,6 +55,7 @@ from cumf_dask.errors import (
     WorkerLostError,
 )
 from cumf_dask.evaluate import ranking_metrics
+from cumf_dask.locks import OWNER, clear_dead_folders, owned_folder
 from cumf_dask.model import ALS
 from cumf_dask.pipeline import train
 
@@ -321,9 +322,25 @@ def test_a_client_closed_during_the_fit_is_one_error(store):
         def close_it(record):
             client.close()
 
-        with pytest.raises(WorkerLostError, match=r"client was closed or lost its scheduler "
-                           r"\(client closed: .*run again with --resume"):  # fmt: skip
+        with pytest.raises(WorkerLostError, match=r"client was closed during the fit; then "
+                           r"fit again \(with checkpoint_dir"):  # fmt: skip
             ALS(3, 0.05, 5, backend="numpy", callbacks=[close_it]).fit(store, client=client)
+        with Client(cluster, set_as_default=False) as other:  # the fit's setup went with it
+            plugins = other.run(lambda dask_worker: list(dask_worker.plugins))
+            assert not [p for names in plugins.values() for p in names if "cumf" in p]
+
+
+def test_tasks_cancelled_by_a_restart_are_one_error(client2):
+    """client.restart() mid-fit cancels the fit's futures: one WorkerLostError saying how
+    to go on, never Dask's FutureCancelledError."""
+    from distributed.client import FutureCancelledError
+
+    from cumf_dask.engine.fit import _cluster_kept
+
+    for resumable, again in ((False, "with checkpoint_dir"), (True, "resume=True")):
+        cancelled = rf"cancelled \(scheduler-restart: .*{again}"
+        with pytest.raises(WorkerLostError, match=cancelled), _cluster_kept(client2, resumable):
+            raise FutureCancelledError("update-X-it3", "scheduler-restart")
 
 
 # ----------------------------------------------------------------------------- numbers
@@ -745,10 +762,10 @@ def test_a_dead_spill_folder_another_ingest_removes_meanwhile_is_skipped(tmp_pat
     """Two ingests starting together may both clear a killed ingest's spill folder: what the
     other removes first, the folder (`before` this one measures it) or its files (`while`
     it does), is skipped, never an error that fails a valid ingest."""
-    dead = spill.new_spill_dir(str(tmp_path))
-    (dead / spill.OWNER).write_text(json.dumps(owner(dead_pid())))
+    dead = owned_folder(spill.SPILL_PREFIX, str(tmp_path))
+    (dead / OWNER).write_text(json.dumps(owner(dead_pid())))
     (dead / "row-0").write_bytes(b"x" * 1000)
-    read, stat = spill.read_owner, os.stat
+    read, stat = locks.read_owner, os.stat
 
     def remove_after(function):  # the other ingest removes the folder after this call
         def racing(path, *args, **kwargs):
@@ -759,20 +776,21 @@ def test_a_dead_spill_folder_another_ingest_removes_meanwhile_is_skipped(tmp_pat
 
         return racing
 
-    monkeypatch.setattr(*((spill, "read_owner", remove_after(read)) if when == "before" else
+    monkeypatch.setattr(*((locks, "read_owner", remove_after(read)) if when == "before" else
                           (os, "stat", remove_after(stat))))  # fmt: skip
     with pytest.warns(CumfWarning, match=rf"removed 1 spill folder\(s\) .*: {dead.name}"):
-        spill.clear_dead_spills(str(tmp_path))
+        clear_dead_folders(spill.SPILL_PREFIX, "spill folder(s) of interrupted ingests",
+                           str(tmp_path))
     assert not dead.exists()
 
 
 def test_leftovers_of_killed_runs_are_removed(tmp_path, capsys):
     spills = tmp_path / "tmp"
     spills.mkdir()
-    dead = spill.new_spill_dir(str(spills))
-    (dead / spill.OWNER).write_text(json.dumps(owner(dead_pid())))
+    dead = owned_folder(spill.SPILL_PREFIX, str(spills))
+    (dead / OWNER).write_text(json.dumps(owner(dead_pid())))
     (dead / "row-0.val").write_bytes(b"x" * 2_000_000)
-    alive = spill.new_spill_dir(str(spills))  # this process's: must stay
+    alive = owned_folder(spill.SPILL_PREFIX, str(spills))  # this process's: must stay
     with pytest.warns(CumfWarning, match=rf"removed 1 spill folder\(s\) of interrupted ingests "
                       rf"in {spills} \(2.0 MB\): {dead.name}"):  # fmt: skip
         build_store(str(tmp_path / "a.zarr"), [0, 1], [1, 0], [1.0, 2.0], spill_dir=str(spills))
@@ -794,6 +812,22 @@ def test_leftovers_of_killed_runs_are_removed(tmp_path, capsys):
     cli(capsys, "generate", "--m", "20", "--n", "10", "--nnz", "50", "-o", target, "--overwrite")
     assert (tmp_path / "g.zarr.old" / "notes.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.glob("*g.zarr*")) == ["g.zarr", "g.zarr.old"]
+
+
+def test_the_store_folder_of_a_killed_fit_on_arrays_is_removed(tmp_path, monkeypatch):
+    """A fit on in-memory data keeps its store in a temporary folder while the model lives;
+    a killed process leaves it, and the next such fit removes it (not a live one's)."""
+    from cumf_dask.model import _TempFolder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = owned_folder(_TempFolder.PREFIX)
+    (dead / OWNER).write_text(json.dumps(owner(dead_pid())))
+    (dead / "ratings.zarr").write_bytes(b"x" * 3_000_000)
+    alive = owned_folder(_TempFolder.PREFIX)
+    with pytest.warns(CumfWarning, match=r"removed 1 store folder\(s\) of killed fits on "
+                      rf"in-memory data in {tmp_path} \(3.0 MB\): {dead.name}"):  # fmt: skip
+        ALS(2, 0.1, 1, backend="numpy").fit(random_ratings(20, 10, 0.5, seed=1))
+    assert not dead.exists() and alive.exists()
 
 
 # ----------------------------------------------------------------------------- the final model

@@ -823,10 +823,11 @@ def test_remote_target_that_is_not_a_store_is_never_replaced(tmp_path):
 def test_declared_sizes_below_one_are_config_errors(tmp_path, kwargs):
     """Checked before reading: the (missing) file is never looked at."""
     name = next(iter(kwargs))
-    with pytest.raises(ConfigError, match=f"^{name} must be >= 1"):
+    rule = "an int" if kwargs[name] == 2.5 else ">= 1"
+    with pytest.raises(ConfigError, match=f"^{name} must be {rule} "):
         ingest_file(tmp_path / "nope.csv", tmp_path / "s.zarr", **kwargs)
     shape = (kwargs.get("m"), kwargs.get("n"))
-    with pytest.raises(ConfigError, match=f"^{name} must be >= 1"):
+    with pytest.raises(ConfigError, match=f"^{name} must be {rule} "):
         ingest_arrays(tmp_path / "s.zarr", [0, 1], [1, 0], [1.0, 2.0], shape)
     assert_nothing_at(tmp_path / "s.zarr")
 

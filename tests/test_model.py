@@ -7,6 +7,7 @@ import inspect
 import pickle
 import shutil
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -257,7 +258,7 @@ def test_fitted_model_pickles_without_its_cluster(store, client):
     np.testing.assert_array_equal(copy.user_factors_, model.user_factors_)
     np.testing.assert_array_equal(copy.predict([1, 2], [3, 4]), model.predict([1, 2], [3, 4]))
     assert copy.metrics_ == model.metrics_ and copy.plan_.x.q == model.plan_.x.q
-    with pytest.raises(NotFittedError, match="still open"):
+    with pytest.raises(NotFittedError, match="while that client is open"):
         copy.factors_as_dask()
     from_arrays = ALS(3, 0.1, 1, backend="numpy").fit(store.read_coo("row"), client=client)
     alone = pickle.loads(pickle.dumps(from_arrays))  # its temporary store stays behind
@@ -266,6 +267,26 @@ def test_fitted_model_pickles_without_its_cluster(store, client):
         alone.recommend([0], k=2)
     assert "fitted 70 users x 40 items, test RMSE " in repr(copy)
     assert repr(ALS(3)).startswith("ALS(factors=3")
+
+
+def test_a_model_whose_cluster_lost_its_workers_works_on_the_host(store):
+    """Scaled to no workers (or restarted), the cluster holds no factors: recommend runs
+    here (no wait for a worker), factors_as_dask says why it cannot."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as own:  # fmt: skip
+        model = ALS(3, 0.1, 2, backend="numpy").fit(store, client=own)
+        live = model.recommend([0, 5], k=4)
+        cluster.scale(0)
+        while own.scheduler_info()["workers"]:
+            time.sleep(0.05)
+        began = time.perf_counter()
+        for got, expected in zip(model.recommend([0, 5], k=4), live, strict=True):
+            np.testing.assert_array_equal(got, expected)
+        assert time.perf_counter() - began < 5
+        with pytest.raises(NotFittedError, match="scaling to no workers lets them go"):
+            model.factors_as_dask()
 
 
 def test_fit_on_arrays_without_client():
@@ -367,6 +388,15 @@ def test_a_store_rebuilt_where_the_model_was_trained_is_noticed(client, tmp_path
         loaded.recommend([100], k=3)
 
 
+def closed_client(client):
+    """A closed client of `client`'s cluster."""
+    from distributed import Client
+
+    other = Client(client.cluster, set_as_default=False)
+    other.close()
+    return other
+
+
 def test_api_misuse_is_one_clear_error(store, client):
     with pytest.raises(NotFittedError, match="not fitted"):
         ALS().recommend_indices([1])
@@ -379,9 +409,17 @@ def test_api_misuse_is_one_clear_error(store, client):
     assert ALS(callbacks=print)._callbacks() == [print]
     with pytest.raises(ConfigError, match="callbacks must be a callable or a sequence"):
         ALS(callbacks=5).fit(store)
-    closed = type("Closed", (), {"status": "closed"})()
     with pytest.raises(ConfigError, match="the client is closed"):
-        ALS().fit(store, client=closed)
+        ALS().fit(store, client=closed_client(client))
+    cluster = client.cluster
+    with pytest.raises(ConfigError, match=r"got the cluster LocalCluster: pass Client\(cluster\)"):
+        ALS().fit(store, client=cluster)
+    with pytest.raises(ConfigError, match=r"got str 'tcp://x:1': pass Client\(address\)"):
+        ALS().fit(store, client="tcp://x:1")
+    with pytest.raises(ConfigError, match="progress must be None or a callable"):
+        ALS(progress=5).fit(store)
+    with pytest.raises(ConfigError, match="'evaluate' must be True or False, got 'no'"):
+        ALS(evaluate="no").fit(store)
     with pytest.raises(IngestError, match=r"ingest_arrays\(\.\.\., duplicates=\)"):
         ALS(backend="numpy").fit((np.array([1, 1]), np.array([2, 2]), np.array([3.0, 4.0])))
 
@@ -401,6 +439,23 @@ def test_parameters_follow_the_scikit_learn_convention(cls):
     assert (model.factors, model.iterations) == (9, 2)
     with pytest.raises(ConfigError, match="has no parameter 'rank'; its parameters are factors"):
         model.set_params(rank=4)
+
+
+def test_parameters_set_after_a_fit_are_the_next_fits(store, client, tmp_path):
+    """save, repr and fold-in keep to the parameters the factors were fitted with."""
+    model = ALS(3, 0.05, 2, backend="numpy").fit(store, client=client)
+    model.set_params(factors=9, regularization=5.0)
+    assert "(fitted with factors=3, regularization=0.05)" in repr(model)
+    model.save(tmp_path / "m.zarr")
+    loaded = ALS.load(tmp_path / "m.zarr")
+    assert (loaded.factors, loaded.regularization) == (3, 0.05)
+    assert "fitted with" not in repr(loaded)
+    implicit = ImplicitALS(3, 0.05, 1.0, 2, backend="numpy").fit(store, client=client)
+    new_user = (np.zeros(3, int), np.arange(3), np.ones(3))
+    before = implicit.recalculate_user(new_user)
+    implicit.set_params(alpha=40.0)
+    np.testing.assert_array_equal(implicit.recalculate_user(new_user), before)
+    assert "(fitted with alpha=1.0)" in repr(implicit)
 
 
 def test_numpy_cholesky_gives_nan_rows_for_systems_not_positive_definite():

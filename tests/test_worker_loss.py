@@ -200,6 +200,29 @@ def test_a_fit_recovering_on_other_workers_plans_again(data):
     assert model.plan_.workers == 3
 
 
+def test_a_cluster_scaled_down_mid_fit_goes_on_at_once(data):
+    """A worker closed on purpose (the cluster scaled down) is not waited for: the fit goes
+    on on the workers left at once, not after REPLACE_S seconds."""
+    from distributed import Client, LocalCluster
+
+    from cumf_dask.engine.fit import REPLACE_S
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                           dashboard_address=None)  # fmt: skip
+
+    def scale_down(record):
+        if len(cluster.workers) == 2:
+            cluster.scale(1)
+
+    client = Client(cluster, set_as_default=False)
+    with cluster, client, pytest.warns(CumfWarning, match="going on on 1 worker"):
+        began = time.monotonic()
+        model = ALS(F, LAM, 3, backend="numpy", callbacks=[scale_down]).fit(data[0], client=client)
+        assert time.monotonic() - began < REPLACE_S / 2
+    X, _ = reference(data, 3)
+    assert rel_err(model.user_factors_, X) < 1e-4 and model.plan_.workers == 1
+
+
 def test_worker_restarted_for_memory_fails_with_a_plan(procs, data):
     """What a memory limit too small for the plan does: the nanny restarts the worker past
     its limit, again and again. DeviceMemoryError (exit 4) in bounded time, not a hang."""

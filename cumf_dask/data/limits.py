@@ -41,11 +41,14 @@ def check_dimension(name: str, value: Any) -> None:
     """A declared m or n: None (ids mapped) or an integer >= 1."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise ConfigError(
-            f"{name} must be >= 1, a whole number of {'users' if name == 'm' else 'items'}; "
-            f"got {value!r}: declare the largest id + 1, or leave {name} out to map the ids"
-        )
+    noun = "users" if name == "m" else "items"
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ConfigError(f"{name} must be an int (the number of {noun}); got "
+                          f"{type(value).__name__} {value!r}: declare the largest id + 1 as an "
+                          f"int, or leave {name} out to map the ids")  # fmt: skip
+    if value < 1:
+        raise ConfigError(f"{name} must be >= 1 (the number of {noun}); got {value!r}: declare "
+                          f"the largest id + 1, or leave {name} out to map the ids")  # fmt: skip
 
 
 def available_memory() -> int:

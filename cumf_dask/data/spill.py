@@ -20,22 +20,17 @@ folders of owners that died (a killed ingest leaves them), never a live one's.
 from __future__ import annotations
 
 import functools
-import json
 import math
-import os
 import shutil
-import tempfile
-import warnings
 from collections.abc import Callable
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..checks import MAX_RATING, check_choice, check_fraction, check_positive_int
-from ..errors import ConfigError, CumfWarning, IngestError
-from ..locks import owner_is_dead, owner_record, read_owner
+from ..errors import ConfigError, IngestError
+from ..locks import clear_dead_folders, owned_folder
 from ..paths import disk_full_as, is_url, normalize_url
 from .bands import band_order_key, finish_store, init_store, transpose_band, write_band
 from .duplicates import DUPLICATE_POLICIES, DuplicatePolicy, resolve_duplicates
@@ -46,7 +41,6 @@ from .store import MAX_TILE, RatingsStore, check_tiles, default_tile
 from .target import check_target, claim, discard, naming_target, publish, work_url, writing
 
 SPILL_PREFIX = "cumf-spill-"
-OWNER = "owner.json"
 #: rows per spill band when the rows per tile are not given: the store's tile is a whole
 #: number of them (:meth:`StoreBuilder._store_tile_rows`), so small enough that a store of
 #: many ratings per row still gets bands of about default_tile's size
@@ -116,8 +110,8 @@ class StoreBuilder:
         self._lock = claim(url)
         try:
             check_target(url, overwrite)
-            clear_dead_spills(spill_dir)
-            self._spill = new_spill_dir(spill_dir)
+            clear_dead_folders(SPILL_PREFIX, "spill folder(s) of interrupted ingests", spill_dir)
+            self._spill = owned_folder(SPILL_PREFIX, spill_dir)
         except BaseException:
             self._lock.release()
             raise
@@ -382,50 +376,6 @@ class StoreBuilder:
         self._held.clear()
         shutil.rmtree(self._spill, ignore_errors=True)
         self._lock.release()
-
-
-def new_spill_dir(parent: str | None = None) -> Path:
-    """A fresh spill folder in `parent` (default: the temp folder) with this process's owner
-    record in it."""
-    path = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=parent))
-    (path / OWNER).write_text(json.dumps(owner_record()))
-    return path
-
-
-def clear_dead_spills(parent: str | None = None) -> None:
-    """Remove the spill folders in `parent` whose owner died (a killed ingest's), saying so.
-
-    Folders of live owners, of other hosts, or without an owner record are left alone.
-    Two ingests starting together may clear the same folder: what the other removed first
-    is skipped, never an error.
-    """
-    root = Path(parent or tempfile.gettempdir())
-    removed, total = [], 0
-    for folder in root.glob(f"{SPILL_PREFIX}*"):
-        owner = read_owner(folder / OWNER)
-        if owner is None or not owner_is_dead(owner):
-            continue
-        total += _bytes_under(folder)
-        shutil.rmtree(folder, ignore_errors=True)
-        removed.append(folder.name)
-    if removed:
-        warnings.warn(
-            f"removed {len(removed)} spill folder(s) of interrupted ingests in {root} "
-            f"({total / 1e6:,.1f} MB): {', '.join(removed)}",
-            CumfWarning,
-            stacklevel=3,
-        )
-
-
-def _bytes_under(folder: Path) -> int:
-    """Bytes of the files under `folder`; what vanishes meanwhile counts nothing (another
-    ingest starting now may be clearing the same dead folder)."""
-    total = 0
-    for parent, _, files in os.walk(folder):  # a folder removed meanwhile lists nothing
-        for name in files:
-            with suppress(OSError):
-                total += os.stat(os.path.join(parent, name)).st_size
-    return total
 
 
 def build_store(

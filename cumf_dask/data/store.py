@@ -39,7 +39,6 @@ import json
 import math
 import os
 import socket
-import warnings
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
@@ -50,7 +49,7 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
 
 from ..blocks import Block, block_on_host, coo_to_block, take_rows
-from ..errors import CumfWarning, StoreError, StoreUnreachable
+from ..errors import StoreError, StoreUnreachable, warn
 from ..paths import for_zarr, is_url, normalize_url
 from ..threads import gather
 from . import shards
@@ -159,14 +158,10 @@ def check_tiles(m: int, n: int, nnz: int, tile_rows: int, tile_cols: int) -> Non
     bands = math.ceil(m / tile_rows) + math.ceil(n / tile_cols)
     default = math.ceil(m / rows) + math.ceil(n / cols)
     if bands > _MANY_BANDS and bands > _MANY_BANDS_RATIO * default:
-        warnings.warn(
-            f"tile_rows={tile_rows:,} and tile_cols={tile_cols:,} cut {m:,} x {n:,} "
-            f"({nnz:,} ratings) into {bands:,} bands of {nnz / bands:,.0f} ratings on average; "
-            "each band is a task and several files, so building and reading will be slow: "
-            f"leave the tiles out (here {rows:,} x {cols:,}, {default:,} bands) or raise them",
-            CumfWarning,
-            stacklevel=3,
-        )
+        warn(f"tile_rows={tile_rows:,} and tile_cols={tile_cols:,} cut {m:,} x {n:,} "
+             f"({nnz:,} ratings) into {bands:,} bands of {nnz / bands:,.0f} ratings on average; "
+             "each band is a task and several files, so building and reading will be slow: "
+             f"leave the tiles out (here {rows:,} x {cols:,}, {default:,} bands) or raise them")
 
 
 def index_dtype(size: int) -> np.dtype:

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Literal
 
 from ..checks import check_choice, check_fraction, check_positive_int
 from ..devices import has_cuda
-from ..errors import ConfigError, CumfWarning, out_of_memory_as
+from ..errors import ConfigError, out_of_memory_as, warn
 from ..paths import is_url, normalize_url
 from .bands import band_module, finish_store, init_store, transpose_band, write_band
 from .hashing import split_mask
@@ -197,12 +196,8 @@ def _warn_few_held_out(model: PlantedModel, test_fraction: float, n_test: int) -
     forced = (f"the {model.n_forced:,} ratings that give every row and column one (nonempty) "
               "stay in training; raise nnz, or allow empty rows and columns (nonempty: false, "
               "--allow-empty)") if model.n_forced else "raise nnz"  # fmt: skip
-    warnings.warn(
-        f"held out {n_test:,} of {model.nnz:,} ratings ({n_test / model.nnz:.1%}), far less "
-        f"than test_fraction={test_fraction} asks: {forced}",
-        CumfWarning,
-        stacklevel=3,
-    )
+    warn(f"held out {n_test:,} of {model.nnz:,} ratings ({n_test / model.nnz:.1%}), far less "
+         f"than test_fraction={test_fraction} asks: {forced}")
 
 
 def _row_band(

@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import uuid
-import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 
 import fsspec
 
-from ..errors import ConfigError, CumfError, CumfWarning, StoreError
+from ..errors import ConfigError, CumfError, StoreError, warn
 from ..locks import WriterLock
 from ..paths import check_writable, disk_full_as, is_url, normalize_url
 from .store import FORMAT, RatingsStore
@@ -81,11 +80,7 @@ def clear_leftovers(url: str) -> None:
     found = sorted(p for p in target.parent.iterdir() if _is_leftover(p, target))
     removed = [what for what in map(_remove, found) if what]
     if removed:
-        warnings.warn(
-            f"removed what an interrupted build of {url} left: {', '.join(removed)}",
-            CumfWarning,
-            stacklevel=3,
-        )
+        warn(f"removed what an interrupted build of {url} left: {', '.join(removed)}")
 
 
 def _is_leftover(path: Path, target: Path) -> bool:

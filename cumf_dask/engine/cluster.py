@@ -18,7 +18,6 @@ import socket
 import threading
 import time
 import uuid
-import warnings
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +39,7 @@ from ..devices import (
     gpu_total_memory,
     has_cuda,
 )
-from ..errors import ConfigError, CumfError, CumfWarning, DeviceMemoryError
+from ..errors import ConfigError, CumfError, DeviceMemoryError, warn
 from . import tasks
 from .placement import COMPUTE
 from .tasks import NonFiniteFactor
@@ -58,6 +57,23 @@ def workers_info(client: Client) -> dict[str, dict[str, Any]]:
     refresh (without per-worker records) can overwrite between the fetch and the read, so
     all workers would seem gone at once (seen in CI as the loss of every worker mid-fit)."""
     return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
+def check_client(client: Any, caller: str) -> None:
+    """`client` is an open distributed.Client (a cluster, an address or a closed client is
+    one ConfigError saying what to pass)."""
+    from distributed.deploy import Cluster
+
+    if isinstance(client, Cluster):
+        raise ConfigError(f"{caller}(client=...) takes a distributed.Client, got the cluster "
+                          f"{type(client).__name__}: pass Client(cluster)")  # fmt: skip
+    if not isinstance(client, Client):
+        raise ConfigError(f"{caller}(client=...) takes a distributed.Client, got "
+                          f"{type(client).__name__} {client!r:.60}: pass Client(address), or "
+                          "none to start a local cluster")  # fmt: skip
+    if client.status != "running":
+        raise ConfigError(f"{caller}(client=...): the client is {client.status}, not running; "
+                          "pass an open client, or none to start a local cluster")  # fmt: skip
 
 
 def has_compute_slots(client: Client) -> bool:
@@ -82,29 +98,28 @@ class CumfWorkerSetup(WorkerPlugin):
             self.name = name
 
     def setup(self, worker: Any) -> None:
-        _BLAS_PIN.pin(self.blas_threads)
-        log = logging.getLogger("distributed.worker")
-        if not any(isinstance(f, RaisedByTheFit) for f in log.filters):
-            log.addFilter(RaisedByTheFit())
+        _PROCESS_SETUP.hold(self.blas_threads)
 
     def teardown(self, worker: Any) -> None:
-        _BLAS_PIN.unpin()
+        _PROCESS_SETUP.release()
 
 
-class _ProcessBlasPin:
-    """The BLAS limit of this process, set while any worker in it holds a CumfWorkerSetup.
-    Workers that are threads of one process share its BLAS: the first holder pins it and
-    the last restores it. Both are done on one thread of its own: from threadpoolctl 3.8
-    only the thread that set OpenBLAS's limit may change it again (a restore from another
-    thread would be ignored, and the caller's BLAS left on one thread)."""
+class _ProcessSetup:
+    """What this process holds while any worker in it holds a CumfWorkerSetup: its BLAS
+    limit, and :class:`RaisedByTheFit` on the workers' logger. Workers that are threads of
+    one process share both: the first holder sets them and the last restores them. The BLAS
+    limit is set and restored on one thread of its own: from threadpoolctl 3.8 only the
+    thread that set OpenBLAS's limit may change it again (a restore from another thread
+    would be ignored, and the caller's BLAS left on one thread)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._holders = 0
         self._limits: Any = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="cumf-blas")
+        self._filter = RaisedByTheFit()
 
-    def pin(self, threads: int) -> None:
+    def hold(self, threads: int) -> None:
         from threadpoolctl import threadpool_limits
 
         with self._lock:
@@ -112,19 +127,18 @@ class _ProcessBlasPin:
                 self._limits = self._thread.submit(
                     lambda: threadpool_limits(threads).__enter__()
                 ).result()
+                logging.getLogger("distributed.worker").addFilter(self._filter)
             self._holders += 1
 
-    def unpin(self) -> None:
+    def release(self) -> None:
         with self._lock:
             if self._holders == 0:  # its setup never ran
                 return
             self._holders -= 1
             if self._holders == 0:
+                logging.getLogger("distributed.worker").removeFilter(self._filter)
                 limits, self._limits = self._limits, None
                 self._thread.submit(limits.__exit__, None, None, None).result()
-
-
-_BLAS_PIN = _ProcessBlasPin()
 
 
 @contextmanager
@@ -133,16 +147,22 @@ def blas_pinned(client: Client) -> Iterator[None]:
     (fits at once, on one client or several clients of one scheduler, each remove only
     theirs): workers that are threads of the caller's process (a LocalCluster with
     processes=False, a user's own too) would else keep the caller's BLAS on one thread,
-    and a user's cluster would keep it for their other work. A client no longer running
-    (closed, or its scheduler lost) is not asked: it would wait out its reconnect timeout."""
+    and a user's cluster would keep it for their other work. A client closed meanwhile
+    (the scheduler still runs) is replaced by a short-lived one of the same scheduler to
+    remove it; one that lost its scheduler is not asked: it would wait out its reconnect
+    timeout."""
     name = f"{CumfWorkerSetup.name}-{uuid.uuid4().hex[:8]}"
+    address = client.scheduler.address
     client.register_plugin(CumfWorkerSetup(name=name))
     try:
         yield
     finally:
-        if client.status == "running":
-            with suppress(Exception):  # the fit's own error, if any, is the one to see
+        with suppress(Exception):  # the fit's own error, if any, is the one to see
+            if client.status == "running":
                 client.unregister_worker_plugin(name)
+            elif client.status == "closed":
+                with Client(address, timeout=5, set_as_default=False) as other:
+                    other.unregister_worker_plugin(name)
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -159,8 +179,13 @@ class RaisedByTheFit(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
-        failed = str(record.msg).startswith("Compute Failed") and len(args) > 3
-        return not (failed and str(args[3]).startswith(self.OWN))
+        failed = str(record.msg).startswith("Compute Failed") and len(args) > 4
+        # ours: named as one of our errors and raised in our code (a user's task raising
+        # an error of the same name keeps its record)
+        return not (failed and str(args[3]).startswith(self.OWN) and "cumf_dask" in str(args[4]))
+
+
+_PROCESS_SETUP = _ProcessSetup()
 
 
 # The RMM pool a local GPU cluster over UCX/NVLink starts with when cluster.rmm_pool_size is
@@ -613,32 +638,25 @@ def _warn_gpu_keys(config: ClusterConfig) -> None:
     if keys:
         backend = "auto (no GPU is visible here)" if config.backend == "auto" else config.backend
         verb, them = ("is", "it") if len(keys) == 1 else ("are", "them")
-        warnings.warn(
-            f"{' and '.join(keys)} {verb} for GPU workers, and cluster.backend {backend} "
-            f"runs CPU workers, which ignore {them}: set cluster.backend: cupy on a machine "
-            f"with a GPU, or remove {them}",
-            CumfWarning,
-            stacklevel=3,
-        )
+        warn(f"{' and '.join(keys)} {verb} for GPU workers, and cluster.backend {backend} "
+             f"runs CPU workers, which ignore {them}: set cluster.backend: cupy on a machine "
+             f"with a GPU, or remove {them}")
 
 
-def _memory_limit(config: ClusterConfig, workers: int, warn: bool = False) -> int | None:
+def _memory_limit(config: ClusterConfig, workers: int, warn_capped: bool = False) -> int | None:
     """cluster.memory_limit in bytes for each of `workers` local workers, None when not set:
     at most the machine's memory shared by them (Dask caps each worker alone at all of it,
-    which would promise `workers` times the machine). `warn`: a CumfWarning when capped."""
+    which would promise `workers` times the machine). `warn_capped`: a CumfWarning when
+    capped."""
     if not config.memory_limit:
         return None
     from distributed.system import MEMORY_LIMIT
 
     asked, share = parse_size(config.memory_limit), MEMORY_LIMIT // max(workers, 1)
-    if asked > share and warn:
-        warnings.warn(
-            f"cluster.memory_limit {config.memory_limit} for each of {workers} workers is more "
-            f"than this machine's {MEMORY_LIMIT / 1e9:.2f} GB of memory: each worker gets "
-            f"{share / 1e9:.2f} GB, its share",
-            CumfWarning,
-            stacklevel=4,
-        )
+    if asked > share and warn_capped:
+        warn(f"cluster.memory_limit {config.memory_limit} for each of {workers} workers is more "
+             f"than this machine's {MEMORY_LIMIT / 1e9:.2f} GB of memory: each worker gets "
+             f"{share / 1e9:.2f} GB, its share")
     return min(asked, share)
 
 
@@ -648,7 +666,7 @@ def _host_limit(config: ClusterConfig, workers: int) -> int:
     (LocalCluster's and LocalCUDACluster's default)."""
     from distributed.worker_memory import parse_memory_limit
 
-    limit = _memory_limit(config, workers, warn=True) or parse_memory_limit(
+    limit = _memory_limit(config, workers, warn_capped=True) or parse_memory_limit(
         "auto", 1, workers, logger=_log
     )
     if not limit:
@@ -802,6 +820,29 @@ def wait_for_workers(client: Client, count: int, timeout: float) -> list[str]:
         if len(workers) >= count or time.monotonic() > deadline:
             return workers
         time.sleep(0.2)
+
+
+# why a worker closed, as it logs it, when it was closed on purpose (a cluster scaled down,
+# a worker retired or closed): no nanny brings it back (a restart or a kill for memory logs
+# "nanny-restart", "nanny-kill" or nothing)
+_CLOSED_ON_PURPOSE = {"nanny-close", "nanny-close-gracefully", "worker-close",
+                      "worker-close-gracefully"}  # fmt: skip
+
+
+def retired(client: Client, workers: list[str]) -> bool:
+    """Whether each of `workers` was closed on purpose (the scheduler's event log says so),
+    so that no replacement is coming."""
+
+    def on_purpose(event: dict[str, Any]) -> bool:
+        return event.get("action") == "retired" or (
+            event.get("action") == "closing-worker" and event.get("reason") in _CLOSED_ON_PURPOSE)
+
+    try:
+        return bool(workers) and all(
+            any(on_purpose(event) for _, event in client.get_events(worker)) for worker in workers
+        )
+    except Exception:  # no event log to ask: wait for a replacement as for any loss
+        return False
 
 
 def process_memory(client: Client) -> int:

@@ -32,7 +32,6 @@ import itertools
 import math
 import os
 import time
-import warnings
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
@@ -42,6 +41,7 @@ from typing import Any
 import dask
 import numpy as np
 from distributed import Client
+from distributed.client import FutureCancelledError
 
 from ..backend import backend_spec
 from ..backend.objective import UpdateSpec
@@ -52,7 +52,6 @@ from ..data.store import RatingsStore
 from ..errors import (
     ConfigError,
     CumfError,
-    CumfWarning,
     DeviceMemoryError,
     HostMemoryError,
     NumericalError,
@@ -60,6 +59,7 @@ from ..errors import (
     StoreError,
     WorkerLostError,
     is_out_of_memory,
+    warn,
 )
 from ..paths import is_url
 from . import tasks
@@ -71,6 +71,7 @@ from .cluster import (
     plan_memory,
     process_memory,
     read_threads,
+    retired,
     wait_for_workers,
     worker_addresses,
     worker_memory,
@@ -250,7 +251,7 @@ def fit(
     if resume and checkpointer is None:
         raise ConfigError("fit(resume=True) needs checkpoint_dir (output.checkpoint)")
     locked = checkpointer.locked() if checkpointer is not None else nullcontext()
-    with locked, _cluster_kept(client), blas_pinned(client):
+    with locked, _cluster_kept(client, checkpointer is not None), blas_pinned(client):
         here = params.attrs(store)
         found = _resumed(checkpointer, resume, here, params.iterations)
         workers = worker_addresses(client)
@@ -282,12 +283,8 @@ def fit(
             worker groups named for the old ones would drop or misplace partial sums."""
             config = plan_config
             if config is not None and config.groups is not None and len(now) != len(workers):
-                warnings.warn(
-                    f"plan.groups {config.groups} named {len(workers)} workers and "
-                    f"{len(now)} are left: the two-phase reduction goes on with one flat group",
-                    CumfWarning,
-                    stacklevel=2,
-                )
+                warn(f"plan.groups {config.groups} named {len(workers)} workers and "
+                     f"{len(now)} are left: the two-phase reduction goes on with one flat group")
                 config = replace(config, groups=None)
             return plan_for(len(now), config, plan_memory(client, backend))
 
@@ -316,23 +313,32 @@ def fit(
 
 
 @contextmanager
-def _cluster_kept(client: Client) -> Iterator[None]:
-    """A fit whose client was closed, or whose scheduler went away, ends in one
-    WorkerLostError saying so (Dask's own errors then are of every kind: a closed comm, a
-    connect timeout, an attribute of a closed client)."""
+def _cluster_kept(client: Client, resumable: bool) -> Iterator[None]:
+    """A fit whose client was closed, whose scheduler went away, or whose tasks were
+    cancelled (``client.restart()``) ends in one WorkerLostError saying so (Dask's own
+    errors then are of every kind: a closed comm, a connect timeout, an attribute of a
+    closed client, a cancelled future). It says how to go on: with checkpoints, resume."""
+    again = ("then fit again with resume=True (CLI: --resume) to continue from the last "
+             "checkpoint" if resumable else "then fit again (with checkpoint_dir, or "
+             "output.checkpoint in a config, a fit can resume after this)")  # fmt: skip
     try:
         yield
     except CumfError:
         raise
+    except FutureCancelledError as exc:
+        raise WorkerLostError(f"the fit's tasks were cancelled ({exc.reason}: a "
+                              f"client.restart() or a scheduler that let them go); {again}"
+                              ) from None  # fmt: skip
     except Exception as exc:
         if client.status == "running":
             raise
+        if client.status == "closed":
+            raise WorkerLostError(f"the fit's Dask client was closed during the fit; {again}"
+                                  ) from None  # fmt: skip
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise WorkerLostError(
-            f"the fit's Dask client was closed or lost its scheduler (client {client.status}: "
-            f"{detail}); "
-            "check that the scheduler runs and the client stays open, then run again with "
-            "--resume (resume=True) to continue from the last checkpoint"
+            f"the fit's Dask client lost its scheduler (client {client.status}: {detail}); "
+            f"check that the scheduler runs and the client stays open, {again}"
         ) from None
 
 
@@ -345,12 +351,8 @@ def _warn_unrated(rows: np.ndarray, cols: np.ndarray, implicit: bool) -> None:
     if empty:
         scored = ("they score 0 in every ranking" if implicit else
                   "they predict 0 (held-out ratings of theirs count so in the test RMSE)")
-        warnings.warn(
-            f"{' and '.join(empty)} have no training rating: their factors stay zero, so "
-            f"{scored}",
-            CumfWarning,
-            stacklevel=3,
-        )
+        warn(f"{' and '.join(empty)} have no training rating: their factors stay zero, so "
+             f"{scored}")
 
 
 def _resumed(
@@ -364,10 +366,9 @@ def _resumed(
     if not resume:
         earlier = checkpointer.names()
         if earlier:
-            warnings.warn(f"{checkpointer.directory} holds checkpoints of an earlier fit "
-                          f"({', '.join(earlier)}); this fit starts over and replaces them "
-                          "(resume=True, or --resume, continues from them)", CumfWarning,
-                          stacklevel=3)  # fmt: skip
+            warn(f"{checkpointer.directory} holds checkpoints of an earlier fit "
+                 f"({', '.join(earlier)}); this fit starts over and replaces them "
+                 "(resume=True, or --resume, continues from them)")  # fmt: skip
         return None
     found = checkpointer.latest()
     if found is None:
@@ -396,10 +397,10 @@ def _note_precision(attrs: dict[str, Any], here: dict[str, Any], start: int) -> 
     from an uninterrupted fit of either precision."""
     then = attrs.get("precision")
     if then is not None and then != here["precision"]:
-        warnings.warn(f"resuming a {then} fit in {here['precision']} (model.precision): "
-                      f"iterations after {start} store the fixed factor in "
-                      f"{here['precision']}, so the result differs slightly from an "
-                      "uninterrupted fit", CumfWarning, stacklevel=4)  # fmt: skip
+        warn(f"resuming a {then} fit in {here['precision']} (model.precision): "
+             f"iterations after {start} store the fixed factor in "
+             f"{here['precision']}, so the result differs slightly from an "
+             "uninterrupted fit")  # fmt: skip
 
 
 def _link(client: Client, workers: list[str], backend: str, memory: int):
@@ -492,9 +493,8 @@ class _Run:
         try:
             _, arrays = checkpointer.load(done)
         except StoreError as exc:  # a later --resume refuses it too: say so now
-            warnings.warn(f"the checkpoint just written does not read back ({exc}); the "
-                          "factors are gathered from the workers instead", CumfWarning,
-                          stacklevel=2)  # fmt: skip
+            warn(f"the checkpoint just written does not read back ({exc}); the "
+                 "factors are gathered from the workers instead")  # fmt: skip
             return None
         return arrays["user_factors"], arrays["item_factors"]
 
@@ -538,18 +538,16 @@ class _Run:
                 "--resume (resume=True) to continue from the last checkpoint"
             )
         wanted = len(engine.place.workers)
+        if retired(engine.client, lost.lost):  # scaled down on purpose: none will replace it
+            wanted -= len(lost.lost)
         workers = wait_for_workers(engine.client, wanted, REPLACE_S)
         if not workers:
             raise WorkerLostError(
                 f"worker {gone} was lost{where} and no worker is left after {REPLACE_S:.0f} s; "
                 "start workers, then run again with --resume (resume=True)"
             )
-        warnings.warn(
-            f"worker {gone} was lost during iteration {state.done + 1}{where}; going on "
-            f"on {len(workers)} worker(s) from {back}",
-            CumfWarning,
-            stacklevel=2,
-        )
+        warn(f"worker {gone} was lost during iteration {state.done + 1}{where}; going on "
+             f"on {len(workers)} worker(s) from {back}")
         client = engine.client
         plan = self.replan(workers)
         engine.recover(workers, plan, has_compute_slots(client), read_threads(client, workers))

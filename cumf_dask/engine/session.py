@@ -25,6 +25,7 @@ from distributed import Future
 from ..checkpoint import chunk_ranges
 from ..data.store import RatingsStore
 from . import tasks
+from .cluster import workers_info
 from .halfstep import SUALSEngine
 from .placement import Factor
 
@@ -97,6 +98,14 @@ class Session:
     def is_open(self) -> bool:
         """Whether the factors are still on a running cluster (not closed, client running)."""
         return not self._closed and getattr(self.client, "status", None) == "running"
+
+    @property
+    def is_usable(self) -> bool:
+        """Whether work can run on the factors there: open, every piece still held (a
+        ``client.restart()`` cancels them) and a worker to run on (not scaled to zero)."""
+        pieces = [fut for factor in (self.X, self.theta) for *_, fut in factor.pieces]
+        return (self.is_open and all(fut.status == "finished" for fut in pieces)
+                and bool(workers_info(self.client)))  # fmt: skip
 
     def close(self) -> None:
         """Let go of the factors on the cluster (the Dask arrays given out keep their own

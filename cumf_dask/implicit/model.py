@@ -124,7 +124,9 @@ class ImplicitALS(ALS):
         self.init_scale = init_scale
 
     def __repr__(self) -> str:
-        fitted = f", fitted {self.shape_[0]:,} x {self.shape_[1]:,}" if self._fitted else ""
+        fitted = ""
+        if self._fitted:
+            fitted = f", fitted {self.shape_[0]:,} x {self.shape_[1]:,}{self._fitted_with_note()}"
         return (
             f"ImplicitALS(factors={self.factors}, regularization={self.regularization}, "
             f"alpha={self.alpha}, iterations={self.iterations}, solver={self.solver!r}, "
@@ -260,13 +262,13 @@ class ImplicitALS(ALS):
 
         theta = self.item_factors_
         gram0 = theta.astype(np.float64).T @ theta.astype(np.float64)
-        spec = replace(self._spec(), solver="cholesky")
+        spec = replace(self._fitted_params().spec(), solver="cholesky")
         batches = [
             (take_rows(block, np.arange(lo, min(lo + batch, block.n_rows))), spec)
             for lo in range(0, block.n_rows, batch)
         ]
         if not batches:
-            return np.zeros((0, self.factors), np.float32)
+            return np.zeros((0, theta.shape[1]), np.float32)
         parts = self._run(tasks.fold_in_batch, [theta, gram0], batches, "fold-in")
         X = np.concatenate(parts).astype(np.float32)
         if not np.isfinite(X).all():
