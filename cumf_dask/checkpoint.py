@@ -41,6 +41,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from contextlib import contextmanager, nullcontext, suppress
 from functools import partial
 from pathlib import Path
@@ -52,7 +53,7 @@ import zarr
 
 from .errors import StoreError, warn
 from .locks import WriterLock
-from .paths import check_writable, for_zarr, local_path
+from .paths import check_writable, for_zarr, local_path, replace_folder, zarr_writes_settled
 from .threads import run as threads_run
 
 MODEL_FORMAT = "cumf-dask-model"
@@ -168,14 +169,12 @@ def write_factors(
             sums = _write_arrays(group, str(tmp), arrays, compute)
             group.update_attributes({**attrs, "digests": sums, "digest": DIGEST,
                                 "chunk_rows": ROW_CHUNK, "complete": True})  # fmt: skip
-            _move_into_place(tmp, path)
-        except OSError as exc:
+            replace_folder(tmp, path, path.with_name(f".old-{path.name}-{uuid.uuid4().hex[:8]}"))
+        except BaseException as exc:
+            zarr_writes_settled()  # an interrupted write could create files in tmp again
             shutil.rmtree(tmp, ignore_errors=True)
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            raise StoreError(_disk_full(path, arrays, what, after_error)) from None
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreError(_disk_full(path, arrays, what, after_error)) from None
             raise
 
 
@@ -285,16 +284,6 @@ def _write_arrays(
                 crcs.update(next(results))
             sums[name] = [int(crcs[k]) for k in range(count)]
     return sums
-
-
-def _move_into_place(tmp: Path, path: Path) -> None:
-    if path.exists():
-        old = path.with_name(f".old-{path.name}-{uuid.uuid4().hex[:8]}")
-        path.rename(old)
-        tmp.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(path)
 
 
 def _disk_full(path: Path, arrays: dict[str, Any], what: str, after: str) -> str:
@@ -820,18 +809,35 @@ class BackgroundSaves:
         iteration."""
         if self._saving is not None:
             iteration, save = self._saving
-            self._saving = None
-            save.result()
-            self.complete = iteration
+            try:
+                save.result()
+            finally:  # a Ctrl-C in the wait leaves a save not written to wait for again
+                if save.done():
+                    self._saving = None
+                    if save.exception() is None:
+                        self.complete = iteration
         return self.complete
 
     def settle(self) -> int | None:
-        """wait() in a fit that failed: the save under way ends before the folder's lock is
-        let go (an interrupted save leaves the checkpoint before it intact); the fit's own
-        error is the one to report, not the save's."""
-        with suppress(Exception):
-            self.wait()
-        return self.complete
+        """wait() in a fit that failed or was stopped: the save under way ends before the
+        folder's lock is let go, through any more Ctrl-Cs (another writer would take the
+        lock and remove the save still being written as a killed one's); one that takes
+        more than a second says so. The fit's own error is the one to report, not the
+        save's."""
+        if self._saving is not None:
+            iteration, save = self._saving
+            with suppress(KeyboardInterrupt):
+                wait_for([save], timeout=1)
+            if not save.done():
+                warn(f"finishing the checkpoint of iteration {iteration} before stopping "
+                     "(its folder stays locked until it is written)")  # fmt: skip
+        while True:
+            try:
+                with suppress(Exception):
+                    self.wait()
+                return self.complete
+            except KeyboardInterrupt:
+                continue
 
     def close(self) -> None:
         self.settle()

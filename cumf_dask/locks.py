@@ -202,7 +202,14 @@ class WriterLock:
                 self.held = True
                 return self
             raise StoreError(self._busy(owner))
-        raise StoreError(self._busy(read_owner(self.path)))
+        owner, guard = read_owner(self.path), Path(f"{self.path}.takeover")
+        if self._stale(owner) and guard.exists():  # a take-over under way, or one killed
+            raise StoreError(
+                f"{self.target}: {self.what} is locked by a writer that is no longer running, "
+                f"and another process is taking its lock over ({guard} exists); run again in "
+                f"a few seconds, or if no cumf-dask process runs, delete {guard}"
+            )
+        raise StoreError(self._busy(owner))
 
     def release(self) -> None:
         if self.path is None or not self.held:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from os import PathLike
 from pathlib import Path
 
@@ -113,3 +116,69 @@ def disk_full_as(folder: str | PathLike[str], what: str, fix: str) -> Iterator[N
         except OSError:
             free = ""
         raise StoreError(f"{folder}: disk full while writing {what}{free}; {fix}") from None
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside wait until it ends, then act as they would
+    have: for steps that must not be cut in two (a Ctrl-C between the two renames that
+    replace a folder lost both versions). Only the main thread runs Python's signal
+    handlers, so elsewhere nothing needs deferring."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    held = {sig: handler for sig, handler in before.items() if handler is not None}
+    for sig in held:  # None: a handler not set from Python, left as it is
+        signal.signal(sig, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)  # to the handler restored above
+
+
+def replace_folder(new: Path, target: Path, old: Path) -> None:
+    """Move the finished folder `new` to `target`. An existing `target` is renamed to `old`
+    first and removed once the new one is in place; the two renames happen both or neither
+    (a signal waits, an error puts the old one back)."""
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        new.rename(target)
+        return
+    try:
+        with signals_deferred():  # a signal that waited is raised as this block ends
+            target.rename(old)
+            try:
+                new.rename(target)
+            except BaseException:
+                old.rename(target)
+                raise
+    finally:
+        if not new.exists():  # in place: the old one goes, whatever is raised
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def zarr_writes_settled(timeout: float = 10.0) -> None:
+    """Wait (up to `timeout` s) for the writes zarr's I/O thread still has under way: an
+    interrupt ends the caller's wait for a write, not the write, so a folder removed after
+    it could be written into again (a partial folder holding one zarr.json left behind)."""
+    try:
+        from zarr.core import sync
+
+        loop = sync.loop[0]
+    except (ImportError, AttributeError, IndexError):  # another zarr: nothing to wait for
+        return
+    if loop is None or not loop.is_running():
+        return
+
+    async def drain() -> None:
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
+    with suppress(Exception):
+        asyncio.run_coroutine_threadsafe(drain(), loop).result(timeout + 1)

@@ -26,7 +26,7 @@ from .engine.cluster import (
 from .engine.plan import Plan, make_plan
 from .errors import ConfigError, IngestError, StoreError, warn
 from .model import ALS
-from .paths import check_writable, is_url, normalize_url
+from .paths import check_writable, is_url, normalize_url, signals_deferred
 from .records import RunFolder, runs_dir, warm_plotting
 
 if TYPE_CHECKING:
@@ -529,6 +529,15 @@ def _train(job: _Job, run: RunFolder | None, client: Any, store: RatingsStore | 
         if resume:  # the record stays its saved model's (the fit appended its iterations)
             run.restore_metrics()
         raise
+    with signals_deferred():  # the record is completed (a second or less), then a Ctrl-C
+        summary = _record(job, run, store, model, resume, started)
+    return TrainResult(model, run, store, summary)
+
+
+def _record(job: _Job, run: RunFolder, store: RatingsStore, model: ALS, resume: bool,
+            started: float) -> dict[str, Any]:  # fmt: skip
+    """The run's record of its saved model: config, metrics, plan, plot, summary, -latest."""
+    config = job.config
     if resume:  # a resumed run's record changes only once its model is saved
         run.write_config(config)
     run.write_metrics(model.metrics_)  # the fit's own list: no iteration lost, none twice
@@ -562,7 +571,7 @@ def _train(job: _Job, run: RunFolder | None, client: Any, store: RatingsStore | 
     if run.make_latest(config) is None:
         summary["latest"] = None
         run.write_summary(summary)
-    return TrainResult(model, run, store, summary)
+    return summary
 
 
 def _fit(job: _Job, run: RunFolder, client: Any, store: RatingsStore, resume: bool) -> ALS:

@@ -105,9 +105,12 @@ class RunFolder:
         from) are dropped first. :meth:`write_metrics` puts the fit's own list in at the end."""
         path = self.path / "metrics.jsonl"
         with self._recording(path.name):
-            lines = path.read_text().splitlines() if path.exists() else []
+            text = path.read_text() if path.exists() else ""
+            lines = text.splitlines()
+            if text and not text.endswith("\n"):  # a line cut short (a killed run): dropped
+                lines.pop()
             kept = [line for line in lines if _iteration(line) < record["iteration"]]
-            if len(kept) == len(lines):
+            if len(kept) == len(text.splitlines()):
                 with open(path, "a") as fh:
                     fh.write(json.dumps(record) + "\n")
                 return

@@ -177,6 +177,19 @@ def test_run_folders_of_one_second_and_a_latest_that_is_a_folder(tmp_path, monke
     assert (tmp_path / "x-latest").is_dir() and not (tmp_path / "x-latest").is_symlink()
 
 
+def test_a_metrics_line_cut_short_by_a_kill_is_dropped(tmp_path):
+    """A run killed while it wrote a line leaves it without its newline: the next record
+    is not glued onto it (both would be lost as one line that does not parse)."""
+    from cumf_dask.records import RunFolder
+
+    run = RunFolder(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 1}\n{"iteration": 2, "secon')
+    run.append_metrics({"iteration": 2, "seconds": 0.5})
+    run.append_metrics({"iteration": 3, "seconds": 0.5})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines] == [1, 2, 3]
+
+
 def test_resume_without_checkpoints_is_refused_at_once(tmp_path):
     from cumf_dask.config import load_config
     from cumf_dask.pipeline import train

@@ -592,6 +592,11 @@ def test_locks_of_other_hosts_and_of_models_and_checkpoints(store, client2, tmp_
             store, client=client2
         )
     assert time.perf_counter() - started < 2 and not (tmp_path / "ckpt").exists()
+    Path(f"{target}.lock").write_text(json.dumps(owner(dead_pid())))
+    Path(f"{target}.lock.takeover").touch()  # another writer's take-over, under way
+    taking_over = rf"no longer running, and another process is taking its lock over \({target}"
+    with pytest.raises(StoreError, match=taking_over):
+        ingest_arrays(target, [1], [2], [3.0])
 
 
 @pytest.mark.parametrize(
@@ -812,6 +817,34 @@ def test_leftovers_of_killed_runs_are_removed(tmp_path, capsys):
     cli(capsys, "generate", "--m", "20", "--n", "10", "--nnz", "50", "-o", target, "--overwrite")
     assert (tmp_path / "g.zarr.old" / "notes.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.glob("*g.zarr*")) == ["g.zarr", "g.zarr.old"]
+
+
+@pytest.mark.parametrize("interrupt", ["signal", "error"])
+def test_a_folder_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch, interrupt):
+    """A Ctrl-C between the two renames that replace a store (or a model) waited until both
+    are done; an error in the second puts the old one back. It lost both versions."""
+    import signal
+
+    old = build_store(str(tmp_path / "s.zarr"), [0, 1], [1, 0], [1.0, 2.0])
+    rename = Path.rename
+
+    def cut_in_two(self, target):
+        if interrupt == "error" and self.name.startswith(".partial-s.zarr-"):  # the second
+            raise OSError(errno.EIO, "the disk went away")
+        out = rename(self, target)
+        if interrupt == "signal" and Path(target).name.startswith(".old-s.zarr-"):  # the first
+            signal.raise_signal(signal.SIGINT)  # Python runs the handler after this call
+        return out
+
+    monkeypatch.setattr(Path, "rename", cut_in_two)
+    expected = KeyboardInterrupt if interrupt == "signal" else OSError
+    with pytest.raises(expected):
+        build_store(str(tmp_path / "s.zarr"), [0, 1, 2], [1, 0, 1], [1.0, 2.0, 3.0],
+                    overwrite=True)  # fmt: skip
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]
+    store = RatingsStore.open(str(tmp_path / "s.zarr"))
+    assert store.nnz == (3 if interrupt == "signal" else old.nnz)
 
 
 def test_the_store_folder_of_a_killed_fit_on_arrays_is_removed(tmp_path, monkeypatch):

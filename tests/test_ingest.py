@@ -985,6 +985,23 @@ def test_first_alone_finishes_before_the_others_start():
         run_tasks(None, _fail_late_or_early, [(2,), (0,)], "bands", None, first_alone=True)
 
 
+def test_a_ctrl_c_says_which_bands_it_waits_for(monkeypatch):
+    """A band is written whole: an interrupt cancels the bands not started and says how
+    many it waits for."""
+    import _thread
+    import threading
+
+    import dask
+
+    from cumf_dask.errors import CumfWarning
+
+    threading.Timer(0.05, _thread.interrupt_main).start()  # raised once band 0 is done
+    waits = r"stopping: waiting for the [12] generate task"
+    with dask.config.set(num_workers=2), pytest.raises(KeyboardInterrupt), \
+            pytest.warns(CumfWarning, match=waits):  # fmt: skip
+        run_tasks(None, time.sleep, [(0.2,), (1.0,), (1.0,), (1.0,)], "generate", None)
+
+
 def test_formats_are_described():
     assert set(FORMATS) == {
         "csv", "tsv", "delimited", "movielens-100k", "movielens-1m", "movielens-csv",

@@ -106,6 +106,29 @@ def test_a_save_that_would_outlast_the_fit_is_not_started(tmp_path):
     saves.close()
 
 
+def test_a_stopped_fit_waits_for_the_save_under_way_through_more_ctrl_cs(tmp_path,
+                                                                         monkeypatch):  # fmt: skip
+    """The folder's lock is let go only once no save writes in it: another writer would
+    remove the save still being written as a killed one's. A long wait says why."""
+    import _thread
+
+    written = threading.Event()
+
+    def slow_save(self, iteration, arrays, attrs, compute):
+        time.sleep(1.5)
+        written.set()
+
+    monkeypatch.setattr(Checkpointer, "save", slow_save)
+    saves = BackgroundSaves(Checkpointer(tmp_path), lambda collections: [], None)
+    saves.start(3, {}, {})
+    for delay in (0.2, 1.2):  # one Ctrl-C in the first second, one after the warning
+        threading.Timer(delay, _thread.interrupt_main).start()
+    with pytest.warns(CumfWarning, match="finishing the checkpoint of iteration 3 before"):
+        assert saves.settle() == 3
+    assert written.is_set()
+    saves.close()
+
+
 def test_gathered_factors_are_the_models_own(store, clients):
     """A single piece on a worker that is a thread of this process comes as a copy: the
     model's factors never share memory with the pieces the session keeps on the cluster."""

@@ -14,6 +14,8 @@ from typing import Any
 
 import dask
 
+from ..errors import warn
+
 Progress = Callable[[str, int, int], None]
 
 
@@ -66,6 +68,10 @@ def run_tasks(
             except BaseException:
                 for future in futures:
                     future.cancel()
+                running = sum(not f.done() for f in futures)
+                if running:  # the pool's exit waits for them: say why a Ctrl-C takes a while
+                    warn(f"stopping: waiting for the {running} {stage} task(s) under way to "
+                         "end (a band is written whole)")  # fmt: skip
                 raise
         return results
     from distributed import as_completed as completed

@@ -32,7 +32,14 @@ import fsspec
 
 from ..errors import ConfigError, CumfError, StoreError, warn
 from ..locks import WriterLock
-from ..paths import check_writable, disk_full_as, is_url, normalize_url
+from ..paths import (
+    check_writable,
+    disk_full_as,
+    is_url,
+    normalize_url,
+    replace_folder,
+    zarr_writes_settled,
+)
 from .store import FORMAT, RatingsStore
 
 WHAT = "the rating store"
@@ -219,24 +226,13 @@ def _beside(target: Path, kind: str) -> Path:
 def discard(work: str) -> None:
     """Remove a failed local build; a remote one stays where it is, never marked complete."""
     if not is_url(work):
+        zarr_writes_settled()  # an interrupted write could create files in it again
         shutil.rmtree(work, ignore_errors=True)
 
 
 def publish(work: str, url: str) -> RatingsStore:
     """Move a finished local build into place (the old store goes only now) and open it."""
     if work != url:
-        _replace_dir(work, resolve_target(url))
+        target = Path(resolve_target(url))
+        replace_folder(Path(work), target, _beside(target, "old"))
     return RatingsStore.open(url)
-
-
-def _replace_dir(src: str, dst: str) -> None:
-    """Move a finished store into place; the old one is removed only once the new one is whole."""
-    target = Path(dst)
-    if target.exists():
-        trash = _beside(target, "old")
-        target.rename(trash)
-        Path(src).rename(target)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        Path(src).rename(target)
