@@ -78,7 +78,7 @@ class CumfWarning(UserWarning):
     """A problem cumf-dask handled on its own and that the user should still know of."""
 
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def warn(message: str) -> None:

@@ -83,7 +83,8 @@ def has_compute_slots(client: Client) -> bool:
 
 
 class CumfWorkerSetup(WorkerPlugin):
-    """Pin BLAS threads while registered (teardown restores them).
+    """While registered, BLAS threads pinned and Dask's records of the fit's own errors
+    dropped (:class:`_ProcessSetup`; teardown restores both).
 
     GPU workers share CuPy's kernel cache (``CUPY_CACHE_DIR``, else ``~/.cupy/kernel_cache``):
     CuPy writes its entries atomically, and reads the directory's name once, when it is
