@@ -27,6 +27,7 @@ from typing import Any
 
 import dask
 from distributed import Client, WorkerPlugin
+from distributed.core import Status
 
 from ..backend import resolve_backend_name
 from ..backend.numpy_backend import STOPPING
@@ -149,11 +150,11 @@ def blas_pinned(client: Client) -> Iterator[None]:
     theirs): workers that are threads of the caller's process (a LocalCluster with
     processes=False, a user's own too) would else keep the caller's BLAS on one thread,
     and a user's cluster would keep it for their other work. A client closed meanwhile
-    (the scheduler still runs) is replaced by a short-lived one of the same scheduler to
-    remove it; one that lost its scheduler is not asked: it would wait out its reconnect
-    timeout."""
+    (its scheduler still running) is replaced by a short-lived one of the same scheduler
+    to remove it; one that lost its scheduler, or whose own cluster was closed too, is not
+    asked: it would wait out its reconnect or connect timeout."""
     name = f"{CumfWorkerSetup.name}-{uuid.uuid4().hex[:8]}"
-    address = client.scheduler.address
+    address, cluster = client.scheduler.address, getattr(client, "cluster", None)
     client.register_plugin(CumfWorkerSetup(name=name))
     try:
         yield
@@ -161,9 +162,14 @@ def blas_pinned(client: Client) -> Iterator[None]:
         with suppress(Exception):  # the fit's own error, if any, is the one to see
             if client.status == "running":
                 client.unregister_worker_plugin(name)
-            elif client.status == "closed":
-                with Client(address, timeout=5, set_as_default=False) as other:
+            elif client.status == "closed" and _still_running(cluster):
+                with Client(address, timeout=3, set_as_default=False) as other:
                     other.unregister_worker_plugin(name)
+
+
+def _still_running(cluster: Any) -> bool:
+    """Whether a client's own cluster (None: one it joined, not known here) still runs."""
+    return cluster is None or cluster.status == Status.running
 
 
 def _subclasses(cls: type) -> list[type]:
