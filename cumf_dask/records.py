@@ -107,10 +107,9 @@ class RunFolder:
         with self._recording(path.name):
             text = path.read_text() if path.exists() else ""
             lines = text.splitlines()
-            if text and not text.endswith("\n"):  # a line cut short (a killed run): dropped
-                lines.pop()
-            kept = [line for line in lines if _iteration(line) < record["iteration"]]
-            if len(kept) == len(text.splitlines()):
+            whole = lines if text.endswith("\n") else lines[:-1]  # a line cut short by a kill
+            kept = [line for line in whole if _iteration(line) < record["iteration"]]
+            if len(kept) == len(lines):
                 with open(path, "a") as fh:
                     fh.write(json.dumps(record) + "\n")
                 return
